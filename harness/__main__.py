@@ -1,0 +1,34 @@
+"""Entry point: python -m harness [overrides]. See conf/config.yaml."""
+
+import os
+import sys
+
+# The harness process imports vLLM only to check the strategy; its log lines belong to the engines' logs.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from harness.records import PROJECT_ROOT
+
+# Results and model paths hang off the project root, never off the current directory.
+OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), replace=True)
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> int:
+    from pathlib import Path
+
+    from harness.run import run
+
+    hc = HydraConfig.get()
+    code = run(cfg, Path(hc.runtime.output_dir))
+    if hc.mode == RunMode.RUN and code:
+        sys.exit(code)
+    return code
+
+
+if __name__ == "__main__":
+    main()

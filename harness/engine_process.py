@@ -1,0 +1,187 @@
+"""One vLLM engine in its own OS process, driven by the harness over a pipe.
+
+The child builds `vllm.LLM` and runs a loop: take requests from the pipe, step the engine,
+report each request's first token and its end with `time.monotonic()` stamps (one clock for
+every process on the machine, so the harness can subtract stamps taken in different engines).
+
+Why a process per engine: the prefill and decode engines must run at the same time; a run
+must survive an engine dying and say so; and a vLLM engine deleted in-process does not give
+its GPU memory back. Each child leads its own process group and dies with the harness
+(PR_SET_PDEATHSIG), so stopping it stops everything it started.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait as wait_any
+from pathlib import Path
+
+
+class EngineDied(RuntimeError):
+    pass
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None:
+    os.setsid()
+    _die_with_parent()
+    log = open(log_path, "a", buffering=1)
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    os.environ.update(env)
+    try:
+        t0 = time.monotonic()
+        from vllm import LLM, SamplingParams
+        from vllm.config import KVTransferConfig
+
+        if isinstance(engine_args.get("kv_transfer_config"), dict):
+            engine_args = dict(engine_args, kv_transfer_config=KVTransferConfig(**engine_args["kv_transfer_config"]))
+        llm = LLM(**engine_args)
+        # The first requests pay one-off costs (kernel selection, allocator growth): keep them
+        # out of the measurements. No kv_transfer_params, so no connector moves anything.
+        llm.generate([{"prompt_token_ids": list(range(1, n + 1))} for n in (3, 40)],
+                     SamplingParams(max_tokens=2, ignore_eos=True, detokenize=False), use_tqdm=False)
+        engine = llm.llm_engine
+        conn.send(("ready", {"startup_s": time.monotonic() - t0}))
+        first_token: dict[str, float] = {}
+        while True:
+            busy = engine.has_unfinished_requests()
+            while conn.poll(0 if busy else 0.2):
+                cmd, *args = conn.recv()
+                if cmd == "stop":
+                    # vLLM's own teardown can take many seconds; the parent kills the group anyway
+                    sys.stdout.flush()
+                    os._exit(0)
+                req_id, token_ids, sampling = args
+                engine.add_request(req_id, {"prompt_token_ids": token_ids}, SamplingParams(**sampling))
+                busy = True
+            if not busy:
+                continue
+            for out in engine.step():
+                now = time.monotonic()
+                comp = out.outputs[0]
+                if out.request_id not in first_token and comp.token_ids:
+                    first_token[out.request_id] = now
+                if out.finished:
+                    logprobs = None
+                    if comp.logprobs is not None:
+                        logprobs = [lp[t].logprob for lp, t in zip(comp.logprobs, comp.token_ids)]
+                    conn.send(("done", {"req_id": out.request_id, "token_ids": list(comp.token_ids),
+                                        "logprobs": logprobs, "first_token_t": first_token.pop(out.request_id, now),
+                                        "finished_t": now}))
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        try:
+            conn.send(("error", {"traceback": traceback.format_exc()}))
+        except Exception:
+            pass
+        os._exit(1)
+
+
+@dataclass
+class EngineProcess:
+    """Parent-side handle of one engine process."""
+
+    name: str
+    engine_args: dict
+    env: dict
+    log_path: Path
+    conn: object = field(init=False)
+    proc: object = field(init=False)
+    startup_s: float = field(init=False, default=float("nan"))
+
+    def __post_init__(self):
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_serve, name=f"engine-{self.name}",
+                                args=(child, self.name, self.engine_args, self.env, str(self.log_path)))
+        self.proc.start()
+        child.close()
+        self.started_at = time.monotonic()
+
+    def submit(self, req_id: str, token_ids: list[int], sampling: dict) -> None:
+        try:
+            self.conn.send(("submit", req_id, token_ids, sampling))
+        except (BrokenPipeError, OSError):
+            raise EngineDied(self.failure_message()) from None
+
+    def failure_message(self) -> str:
+        code = self.proc.exitcode
+        tail = ""
+        try:
+            tail = "".join(Path(self.log_path).read_text(errors="replace").splitlines(keepends=True)[-25:])
+        except OSError:
+            pass
+        return (f"the {self.name} engine (pid {self.proc.pid}) died"
+                f"{f' with exit code {code}' if code is not None else ''}; last lines of {self.log_path}:\n{tail}")
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop the engine and everything it started; safe to call more than once."""
+        if self.proc.pid is None:
+            return
+        if self.proc.is_alive():
+            try:
+                self.conn.send(("stop",))
+                self.proc.join(grace_s)
+            except (BrokenPipeError, OSError):
+                pass
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)  # the child leads its own process group
+            except (ProcessLookupError, PermissionError):
+                break
+            self.proc.join(3)
+        self.proc.join(1)
+
+
+def next_events(engines: list[EngineProcess], timeout_s: float) -> list[tuple[EngineProcess, str, dict]]:
+    """Wait up to timeout_s for messages from any engine; an engine that dies raises EngineDied."""
+    by_conn = {e.conn: e for e in engines}
+    by_sentinel = {e.proc.sentinel: e for e in engines}
+    ready = wait_any(list(by_conn) + list(by_sentinel), timeout_s)
+    events = []
+    for r in ready:
+        if r in by_conn:
+            e = by_conn[r]
+            try:
+                while e.conn.poll():
+                    kind, info = e.conn.recv()
+                    if kind == "error":
+                        e.proc.join(5)
+                        raise EngineDied(e.failure_message())
+                    events.append((e, kind, info))
+            except (EOFError, OSError):
+                e.proc.join(5)
+                raise EngineDied(e.failure_message()) from None
+    for r in ready:
+        if r in by_sentinel and not any(ev[0] is by_sentinel[r] for ev in events):
+            raise EngineDied(by_sentinel[r].failure_message())
+    return events
+
+
+def wait_ready(engines: list[EngineProcess], timeout_s: float) -> None:
+    """Block until every engine has built its LLM, or fail on the first death or the deadline."""
+    pending = {e.name: e for e in engines}
+    deadline = time.monotonic() + timeout_s
+    while pending:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise EngineDied(f"engines {sorted(pending)} not ready after {timeout_s:.0f} s")
+        for e, kind, info in next_events(list(pending.values()), min(left, 1.0)):
+            if kind == "ready":
+                e.startup_s = info["startup_s"]
+                pending.pop(e.name)

@@ -1,0 +1,312 @@
+"""One harness run: baseline engine, prefill + decode engines, comparison, records.
+
+Everything that can be wrong with the config is checked before any engine starts. Engines
+are stopped in `finally`, whatever happened.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+from harness.compare import compare_outputs
+from harness.engine_process import EngineDied, EngineProcess, next_events, wait_ready
+from harness.records import PROJECT_ROOT, JsonlWriter, format_table, read_jsonl, summarize, versions, write_json
+from harness.workload import Prompt, Workload, WorkloadError
+
+
+class ConfigError(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------------- checks before start
+def resolve_device(cfg: DictConfig) -> str:
+    import torch
+
+    kind = cfg.device.type
+    if kind == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but torch sees no GPU: use device=cpu or device=auto")
+    if kind not in ("cpu", "cuda"):
+        raise ConfigError(f"device.type must be auto, cpu or cuda, got {kind!r}")
+    return kind
+
+
+def load_tokenizer(model_path: str):
+    local = Path(model_path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ConfigError(f"model directory {local} has no config.json: not a Hugging Face model directory")
+    elif model_path.startswith(("/", ".", "~")) or local.suffix:
+        raise ConfigError(f"model path {model_path!r} does not exist: give an existing Hugging Face "
+                          f"directory (model.path=/path/to/model) or a hub id (model.path=org/name)")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(local) if local.is_dir() else model_path)
+    except Exception as e:  # noqa: BLE001 - whatever transformers raises, the user needs the same advice
+        raise ConfigError(f"could not load the tokenizer of model {model_path!r}: {e}\n"
+                          f"Give a local Hugging Face directory or a hub id this machine can reach.") from None
+
+
+def load_connector(strategy: DictConfig) -> type:
+    """Import the strategy's connector class now, so a typo fails before any engine starts."""
+    try:
+        module = importlib.import_module(strategy.module)
+    except ImportError as e:
+        raise ConfigError(f"strategy {strategy.name!r}: cannot import module {strategy.module!r} ({e}); "
+                          f"it must be importable from the project root or PYTHONPATH") from None
+    cls = getattr(module, strategy.connector, None)
+    if cls is None:
+        raise ConfigError(f"strategy {strategy.name!r}: module {strategy.module!r} has no class {strategy.connector!r}")
+    return cls
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------------- engines
+def engine_args(cfg: DictConfig, device: str) -> dict:
+    e = cfg.engine
+    args = dict(model=str(cfg.model.path), tokenizer=str(cfg.model.path), dtype=e.dtype,
+                load_format=cfg.model.load_format, block_size=e.block_size, max_model_len=e.max_model_len,
+                enforce_eager=e.enforce_eager, seed=e.seed, enable_prefix_caching=e.prefix_caching,
+                max_num_seqs=e.max_num_seqs, disable_log_stats=True)
+    if device == "cuda":
+        args["gpu_memory_utilization"] = e.gpu_memory_utilization
+    args.update(OmegaConf.to_container(e.extra, resolve=True))
+    return args
+
+
+def engine_env(cfg: DictConfig, device: str, gpu: int) -> dict:
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in the engine process: one process to stop
+           "TOKENIZERS_PARALLELISM": "false", "GLOO_SOCKET_IFNAME": "lo",
+           "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    if Path(str(cfg.model.path)).is_dir():
+        env["HF_HUB_OFFLINE"] = "1"
+    if device == "cpu":
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.engine.kv_cache_gib)
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # engines share the cores
+    else:
+        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    return env
+
+
+def transfer_config(cfg: DictConfig, role: str, port: int, stats_path: Path) -> dict:
+    s = cfg.strategy
+    extra = {"port": port, "host": "127.0.0.1", "stats_path": str(stats_path), "verify": bool(s.verify),
+             "timeout_s": cfg.run.transfer_timeout_s, **OmegaConf.to_container(s.params, resolve=True)}
+    return {"kv_connector": s.connector, "kv_connector_module_path": s.module, "kv_role": role,
+            "kv_connector_extra_config": extra}
+
+
+# ---------------------------------------------------------------------- driving requests
+def pipeline(stages: list[tuple[EngineProcess, Callable[[Prompt], dict]]], workload: Workload,
+             timeout_s: float, on_finish: Callable[[Prompt, float, list[dict]], None]) -> None:
+    """Run every prompt through the stages in order (a stage starts when the previous one has
+    finished), with up to `workload.concurrency` prompts in flight."""
+    waiting = list(workload.prompts)
+    active: dict[str, tuple[Prompt, int, float, list[dict]]] = {}
+    engines = list({id(e): e for e, _ in stages}.values())
+
+    def submit(p: Prompt, stage: int, t0: float, results: list[dict]) -> None:
+        engine, sampling = stages[stage]
+        rid = f"{engine.name}-{p.index}"
+        active[rid] = (p, stage, t0, results)
+        engine.submit(rid, p.token_ids, sampling(p))
+
+    last_progress = time.monotonic()
+    while waiting or active:
+        while waiting and len(active) < workload.concurrency:
+            submit(waiting.pop(0), 0, time.monotonic(), [])
+        events = next_events(engines, 1.0)
+        if not events and time.monotonic() - last_progress > timeout_s:
+            raise EngineDied(f"no request finished for {timeout_s:.0f} s (run.request_timeout_s); "
+                             f"in flight: {sorted(active)}")
+        for _, kind, info in events:
+            if kind != "done":
+                continue
+            last_progress = time.monotonic()
+            p, stage, t0, results = active.pop(info["req_id"])
+            results.append(info)
+            if stage + 1 < len(stages):
+                submit(p, stage + 1, t0, results)
+            else:
+                on_finish(p, t0, results)
+
+
+class TransferStats:
+    """Reads the workers' per-transfer records as they are appended."""
+
+    def __init__(self, *paths: Path):
+        self.paths = paths
+        self.rows: dict[tuple[str, str], dict] = {}
+
+    def get(self, transfer_id: str, side: str) -> dict:
+        if (transfer_id, side) not in self.rows:
+            for p in self.paths:
+                for r in read_jsonl(p):
+                    self.rows[(r["transfer_id"], r["side"])] = r
+        return self.rows.get((transfer_id, side), {})
+
+
+def sampling_params(cfg: DictConfig, max_tokens: int, transfer_id: str | None = None) -> dict:
+    sp = {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True, "logprobs": cfg.sampling.logprobs,
+          "detokenize": False}
+    if transfer_id is not None:
+        sp["extra_args"] = {"kv_transfer_params": {"transfer_id": transfer_id}}
+    return sp
+
+
+def disagg_row(cfg, run_id: str, p: Prompt, t0: float, results: list[dict], base: dict, stats: TransferStats,
+               transfer_id: str) -> dict:
+    pre, dec = results
+    send, recv = stats.get(transfer_id, "send"), stats.get(transfer_id, "receive")
+    cmp = compare_outputs(base["token_ids"], dec["token_ids"], base["logprobs"], dec["logprobs"])
+    ttft = (dec["first_token_t"] - t0) * 1e3
+    digest_match = None
+    if send.get("digests") is not None and recv.get("digests") is not None:
+        digest_match = send["digests"] == recv["digests"]
+    transfer_ms = recv.get("transfer_ms")
+    n_bytes = send.get("bytes")
+    return {
+        "run_id": run_id, "strategy": cfg.strategy.name, "model": cfg.model.name, "workload": cfg.workload.name,
+        "prompt_idx": p.index, "prompt_len": len(p.token_ids), "output_len": len(dec["token_ids"]),
+        **cmp.as_dict(), "prefill_token_match": pre["token_ids"][:1] == base["token_ids"][:1],
+        "digest_match": digest_match,
+        "base_ttft_ms": base["ttft_ms"], "base_e2e_ms": base["e2e_ms"],
+        "prefill_ms": (pre["finished_t"] - t0) * 1e3, "ttft_ms": ttft, "e2e_ms": (dec["finished_t"] - t0) * 1e3,
+        "ttft_overhead_ms": ttft - base["ttft_ms"],
+        "bytes": n_bytes, "messages": send.get("messages"), "blocks": send.get("blocks"),
+        "skip_blocks": recv.get("skip_blocks"), "send_ms": send.get("send_ms"), "transfer_ms": transfer_ms,
+        "load_ms": recv.get("load_ms"), "ready_ms": recv.get("ready_ms"),
+        "gbps": n_bytes / transfer_ms / 1e6 if n_bytes and transfer_ms else None,
+        "token_ids": dec["token_ids"], "base_token_ids": base["token_ids"],
+    }
+
+
+# ---------------------------------------------------------------------- the run
+def run(cfg: DictConfig, run_dir: Path) -> int:
+    """Returns the exit code: 0 all outputs match, 1 a mismatch or digest failure, 2 bad input,
+    3 an engine died or stalled."""
+    from hydra.utils import instantiate
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_id = run_dir.name
+    t_run = time.monotonic()
+    try:
+        device = resolve_device(cfg)
+        load_connector(cfg.strategy)
+        tokenizer = load_tokenizer(str(cfg.model.path))
+        workload: Workload = instantiate(cfg.workload, tokenizer=tokenizer)
+        workload.check_fits(cfg.engine.max_model_len, cfg.sampling.max_tokens)
+    except (ConfigError, WorkloadError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    meta = {"run_id": run_id, "versions": versions(device), "strategy": cfg.strategy.name,
+            "model": cfg.model.name, "workload": cfg.workload.name, "num_prompts": len(workload.prompts),
+            "config": OmegaConf.to_container(cfg, resolve=True)}
+    write_json(run_dir / "meta.json", meta)
+    args = engine_args(cfg, device)
+    port = free_port()
+    stats_paths = (run_dir / "prefill-transfers.jsonl", run_dir / "decode-transfers.jsonl")
+    tag = uuid.uuid4().hex[:6]
+    specs = {
+        "baseline": (dict(args), cfg.device.baseline_gpu),
+        "prefill": (dict(args, kv_transfer_config=transfer_config(cfg, "kv_producer", port, stats_paths[0])),
+                    cfg.device.prefill_gpu),
+        "decode": (dict(args, kv_transfer_config=transfer_config(cfg, "kv_consumer", port, stats_paths[1])),
+                   cfg.device.decode_gpu),
+    }
+    engines: dict[str, EngineProcess] = {}
+    base_rows: dict[int, dict] = {}
+    rows: list[dict] = []
+    status, code, error = "ok", 0, None
+    timings = {}
+
+    def start(name: str) -> EngineProcess:
+        a, gpu = specs[name]
+        engines[name] = EngineProcess(name, a, engine_env(cfg, device, gpu), run_dir / f"{name}.log")
+        return engines[name]
+
+    base_out = JsonlWriter(run_dir / "baseline.jsonl")
+    req_out = JsonlWriter(run_dir / "requests.jsonl")
+    try:
+        print(f"[harness] {run_id}: {len(workload.prompts)} prompts, strategy={cfg.strategy.name}, "
+              f"model={cfg.model.name}, device={device}; engine logs in {run_dir}", flush=True)
+        t0 = time.monotonic()
+        first = [start("baseline")] + ([start("prefill"), start("decode")] if cfg.run.overlap_startup else [])
+        wait_ready(first, cfg.run.startup_timeout_s)
+        timings["startup_s"] = time.monotonic() - t0
+
+        def on_base(p: Prompt, t0: float, results: list[dict]) -> None:
+            (r,) = results
+            row = {"run_id": run_id, "prompt_idx": p.index, "prompt_len": len(p.token_ids),
+                   "ttft_ms": (r["first_token_t"] - t0) * 1e3, "e2e_ms": (r["finished_t"] - t0) * 1e3,
+                   "token_ids": r["token_ids"], "logprobs": r["logprobs"]}
+            base_rows[p.index] = row
+            base_out.write(row)
+
+        t0 = time.monotonic()
+        pipeline([(engines["baseline"], lambda p: sampling_params(cfg, cfg.sampling.max_tokens))], workload,
+                 cfg.run.request_timeout_s, on_base)
+        timings["baseline_s"] = time.monotonic() - t0
+        if not cfg.run.overlap_startup:
+            engines.pop("baseline").stop()
+            t0 = time.monotonic()
+            wait_ready([start("prefill"), start("decode")], cfg.run.startup_timeout_s)
+            timings["startup_s"] += time.monotonic() - t0
+
+        stats = TransferStats(*stats_paths)
+        tid = lambda p: f"{tag}-{p.index}"  # noqa: E731
+
+        def on_disagg(p: Prompt, t0: float, results: list[dict]) -> None:
+            row = disagg_row(cfg, run_id, p, t0, results, base_rows[p.index], stats, tid(p))
+            rows.append(row)
+            req_out.write(row)
+
+        t0 = time.monotonic()
+        pipeline([(engines["prefill"], lambda p: sampling_params(cfg, 1, tid(p))),
+                  (engines["decode"], lambda p: sampling_params(cfg, cfg.sampling.max_tokens, tid(p)))],
+                 workload, cfg.run.request_timeout_s, on_disagg)
+        timings["disagg_s"] = time.monotonic() - t0
+    except EngineDied as e:
+        status, code, error = "engine_failed", 3, str(e)
+        print(f"\nerror: {e}\nRecords written so far are in {run_dir}", file=sys.stderr)
+    except KeyboardInterrupt:
+        status, code, error = "interrupted", 130, "interrupted"
+        print(f"\ninterrupted; records written so far are in {run_dir}", file=sys.stderr)
+    finally:
+        t0 = time.monotonic()
+        for e in engines.values():
+            e.stop()
+        timings["shutdown_s"] = time.monotonic() - t0
+        base_out.close()
+        req_out.close()
+
+    timings["engine_startup_s"] = {n: round(e.startup_s, 2) for n, e in engines.items()}
+    timings["total_s"] = time.monotonic() - t_run
+    summary = summarize(rows)
+    if status == "ok" and (summary.get("mismatches") or summary.get("digest_failures")):
+        status, code = "mismatch", 1
+    summary.update(status=status, error=error, run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name,
+                   workload=cfg.workload.name, device=device, timings=timings)
+    write_json(run_dir / "summary.json", summary)
+    if rows:
+        print(format_table(rows, summary))
+    print(f"[harness] {status}: wall {timings['total_s']:.1f} s (engine start-up "
+          f"{timings.get('startup_s', float('nan')):.1f} s); results in {run_dir}", flush=True)
+    return code

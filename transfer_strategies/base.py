@@ -1,0 +1,311 @@
+"""What every transfer strategy shares: a vLLM KV connector (`KVConnectorBase_V1`).
+
+A strategy subclasses `TransferConnector` and writes two methods:
+
+    send(req)     prefill worker: move the request's blocks into `self.channel` (with `self.post`)
+    receive(req)  decode worker: take them out (with `self.collect`) and write them into
+                  `req.block_ids[req.skip_blocks:]` of this engine's KV cache
+
+and, to stream layer by layer, may also use vLLM's `save_kv_layer` / `wait_for_layer_load`
+hooks. The base does the rest: which blocks a request owns on each side (from vLLM's
+scheduler), the channel between the two workers, timing, byte and message counts, per-block
+digests and a stats record per transfer, which the harness joins with its own records.
+
+How a request flows (the harness drives it):
+  1. The prefill engine gets the prompt with max_tokens=1 and kv_transfer_params
+     {"transfer_id": id}. When the scheduler has computed the whole prompt it puts a
+     `TransferRequest` with the request's block ids into the step's metadata; the worker sends
+     after the forward pass (`wait_for_save`) unless the strategy streams layers.
+  2. The decode engine gets the same prompt and transfer id. Its scheduler asks us how many
+     prompt tokens come from outside (`get_num_new_matched_tokens`): all but the last, which
+     vLLM must compute itself to produce logits. It allocates blocks; we pass their ids to the
+     worker, which scatters the received blocks into them before the forward pass.
+Both sides move the blocks holding prompt tokens [0, prompt_len - 1), so their counts agree.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from transfer_strategies.transport import Message, open_channel
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+LAYOUT_ID = "__layout__"
+
+
+@dataclass
+class TransferRequest:
+    """One request's KV as one engine sees it."""
+
+    transfer_id: str
+    req_id: str
+    block_ids: list[int]  # this engine's blocks holding prompt tokens [0, num_tokens)
+    num_tokens: int  # prompt_len - 1: the tokens whose KV moves
+    skip_blocks: int = 0  # decode only: leading blocks this engine already has (prefix cache)
+    # filled in by the worker while it moves the request
+    t_start: float = 0.0
+    received: list[Message] = field(default_factory=list)
+
+
+@dataclass
+class TransferMetadata(KVConnectorMetadata):
+    sends: list[TransferRequest] = field(default_factory=list)
+    loads: list[TransferRequest] = field(default_factory=list)
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return math.ceil(num_tokens / block_size) if num_tokens > 0 else 0
+
+
+class TransferConnector(KVConnectorBase_V1):
+    """Base of every strategy. Subclasses implement `send` and `receive`."""
+
+    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config=None):
+        super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
+        cfg = self._kv_transfer_config
+        self.is_producer = cfg.kv_role == "kv_producer"
+        self.params: dict[str, Any] = dict(cfg.kv_connector_extra_config or {})
+        self.block_size = vllm_config.cache_config.block_size
+        self.verify = bool(self.params.get("verify", True))
+        # scheduler-side state
+        self._sends: dict[str, TransferRequest] = {}
+        self._prompt_len: dict[str, int] = {}
+        self._local_hits: dict[str, int] = {}
+        self._loads: list[TransferRequest] = []
+        # worker-side state, set in register_kv_caches
+        self.channel = None
+        self.kv_layers: list[torch.Tensor] = []
+        self.layer_names: list[str] = []
+        self.block_dim = 0
+
+    # ------------------------------------------------------------------ scheduler side
+    @staticmethod
+    def _transfer_id(request) -> str | None:
+        params = request.kv_transfer_params or {}
+        return params.get("transfer_id")
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
+        tid = self._transfer_id(request)
+        if self.is_producer or tid is None:
+            return 0, False
+        self._local_hits[request.request_id] = num_computed_tokens
+        return max(len(request.prompt_token_ids) - 1 - num_computed_tokens, 0), False
+
+    def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
+        tid = self._transfer_id(request)
+        if tid is None:
+            return
+        n_tok = len(request.prompt_token_ids) - 1
+        if self.is_producer:
+            self._prompt_len[request.request_id] = len(request.prompt_token_ids)
+            self._sends[request.request_id] = TransferRequest(tid, request.request_id, [], n_tok)
+            return
+        # decode: every request with a transfer id takes its message, even when nothing is
+        # loaded (all blocks were already cached here), so the sender's KV is checked and freed.
+        block_ids = list(self._single_group(blocks.get_block_ids()))[: blocks_for(n_tok, self.block_size)]
+        skip = self._local_hits.pop(request.request_id, 0) // self.block_size
+        self._loads.append(TransferRequest(tid, request.request_id, block_ids, n_tok, skip))
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        meta = TransferMetadata(loads=self._loads)
+        self._loads = []
+        if not self.is_producer:
+            return meta
+        progress: list[tuple[str, int]] = []
+        for new in scheduler_output.scheduled_new_reqs:
+            if new.req_id in self._sends:
+                self._sends[new.req_id].block_ids = list(self._single_group(new.block_ids))
+                progress.append((new.req_id, new.num_computed_tokens))
+        cached = scheduler_output.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            if rid in self._sends:
+                new_blocks = cached.new_block_ids[i]
+                if new_blocks is not None:
+                    self._sends[rid].block_ids += list(self._single_group(new_blocks))
+                progress.append((rid, cached.num_computed_tokens[i]))
+        for rid, computed in progress:
+            # send once the step that computes the prompt's last token has run (chunked prefill)
+            if computed + scheduler_output.num_scheduled_tokens.get(rid, 0) >= self._prompt_len[rid]:
+                req = self._sends.pop(rid)
+                del self._prompt_len[rid]
+                req.block_ids = req.block_ids[: blocks_for(req.num_tokens, self.block_size)]
+                meta.sends.append(req)
+        return meta
+
+    def request_finished(self, request, block_ids):
+        self._sends.pop(request.request_id, None)
+        self._prompt_len.pop(request.request_id, None)
+        return False, None
+
+    @staticmethod
+    def _single_group(block_ids):
+        if len(block_ids) != 1:
+            raise NotImplementedError("transfer strategies support one KV cache group (no hybrid models)")
+        return block_ids[0]
+
+    # ------------------------------------------------------------------ worker side
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
+        self.layer_names = list(kv_caches)
+        self.kv_layers = [kv_caches[n] for n in self.layer_names]
+        for t in self.kv_layers:
+            if not isinstance(t, torch.Tensor):
+                raise NotImplementedError(f"KV cache of type {type(t).__name__}: expected one tensor per layer")
+        num_blocks = self._kv_cache_config.num_blocks
+        # The attention backend decides the layout; the block axis is the one sized num_blocks.
+        dims = [d for d, s in enumerate(self.kv_layers[0].shape) if s == num_blocks]
+        if not dims:
+            raise RuntimeError(f"no axis of size num_blocks={num_blocks} in KV shape {tuple(self.kv_layers[0].shape)}")
+        self.block_dim = dims[0]
+        self.device = self.kv_layers[0].device
+        rank = 0 if self.is_producer else 1
+        self.channel = open_channel(rank, self.params.get("host", "127.0.0.1"), int(self.params["port"]),
+                                    self.device, float(self.params.get("timeout_s", 300)))
+        self._exchange_layout()
+
+    def _layout(self) -> dict:
+        shape = list(self.kv_layers[0].shape)
+        shape[self.block_dim] = -1
+        return {"layers": len(self.kv_layers), "block_shape": shape, "block_dim": self.block_dim,
+                "dtype": str(self.kv_layers[0].dtype), "block_size": self.block_size}
+
+    def _exchange_layout(self) -> None:
+        """Both engines must agree on layers, per-block shape and dtype (not on num_blocks)."""
+        mine = self._layout()
+        if self.is_producer:
+            self.channel.send(LAYOUT_ID, 0, 1, torch.empty(0, dtype=torch.uint8), layout=mine)
+            return
+        theirs = self.channel.wait(LAYOUT_ID)[0].meta["layout"]
+        self.channel.release(LAYOUT_ID)
+        if theirs != mine:
+            raise RuntimeError(f"prefill and decode KV layouts differ: prefill {theirs}, decode {mine}")
+
+    def block_bytes(self) -> int:
+        """Bytes of one block in one layer."""
+        t = self.kv_layers[0]
+        return t.numel() // t.shape[self.block_dim] * t.element_size()
+
+    def gather(self, layer: int, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        return torch.index_select(self.kv_layers[layer], self.block_dim, idx, out=out)
+
+    def scatter(self, layer: int, block_ids: list[int], src: torch.Tensor) -> None:
+        if not block_ids:
+            return
+        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        self.kv_layers[layer].index_copy_(self.block_dim, idx, src)
+
+    def layer_shape(self, n_blocks: int) -> list[int]:
+        """Shape of n_blocks blocks of one layer, as `gather` returns them."""
+        shape = list(self.kv_layers[0].shape)
+        shape[self.block_dim] = n_blocks
+        return shape
+
+    def view_payload(self, payload: torch.Tensor, *lead: int, n_blocks: int) -> torch.Tensor:
+        """View received bytes as [*lead, *layer_shape(n_blocks)] in the KV dtype."""
+        return payload.view(self.kv_layers[0].dtype).view(*lead, *self.layer_shape(n_blocks))
+
+    def post(self, req: TransferRequest, index: int, count: int, payload: torch.Tensor) -> None:
+        self.channel.send(req.transfer_id, index, count, payload, t0=req.t_start)
+
+    def collect(self, req: TransferRequest, index: int | None = None) -> list[Message]:
+        msgs = self.channel.wait(req.transfer_id, index)
+        req.received.extend(msgs)
+        return msgs
+
+    # strategy hooks -------------------------------------------------------------
+    def send(self, req: TransferRequest) -> None:
+        raise NotImplementedError
+
+    def receive(self, req: TransferRequest) -> None:
+        raise NotImplementedError
+
+    # vLLM hooks -----------------------------------------------------------------
+    def _meta(self) -> TransferMetadata:
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, TransferMetadata)
+        return meta
+
+    def start_load_kv(self, forward_context, **kwargs) -> None:
+        for req in self._meta().loads:
+            self._timed_receive(req)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata, **kwargs) -> None:
+        return
+
+    def wait_for_save(self) -> None:
+        if not self.has_connector_metadata():
+            return
+        for req in self._meta().sends:
+            self._timed_send(req)
+
+    # timing, counting, digests ---------------------------------------------------
+    def _timed_send(self, req: TransferRequest) -> None:
+        b0, m0 = self.channel.bytes_sent, self.channel.messages_sent
+        req.t_start = time.monotonic()
+        self.send(req)
+        self._sync()
+        t_end = time.monotonic()
+        self.record(req, "send", bytes=self.channel.bytes_sent - b0, messages=self.channel.messages_sent - m0,
+                    send_ms=(t_end - req.t_start) * 1e3)
+
+    def _timed_receive(self, req: TransferRequest) -> None:
+        t0 = time.monotonic()
+        self.receive(req)
+        self._sync()
+        t_end = time.monotonic()
+        self.channel.release(req.transfer_id)
+        msgs = req.received
+        sent_at = msgs[0].meta.get("t0", t0) if msgs else t0
+        arrived = max((m.arrived for m in msgs), default=t0)
+        self.record(req, "receive", bytes=sum(m.payload.numel() for m in msgs), messages=len(msgs),
+                    transfer_ms=(arrived - sent_at) * 1e3,  # sender starts gathering -> last byte here
+                    load_ms=(t_end - t0) * 1e3,  # decode step blocked on KV (wait + scatter)
+                    ready_ms=(t_end - sent_at) * 1e3)  # sender starts -> KV in this engine's blocks
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def block_digests(self, block_ids: list[int]) -> list[str]:
+        """One hash per block over that block's bytes in every layer."""
+        out = []
+        for b in block_ids:
+            h = hashlib.blake2b(digest_size=8)
+            for layer in range(len(self.kv_layers)):
+                blk = self.kv_layers[layer].select(self.block_dim, b).contiguous().cpu()
+                h.update(blk.view(-1).view(torch.uint8).numpy().tobytes())
+            out.append(h.hexdigest())
+        return out
+
+    def record(self, req: TransferRequest, side: str, **fields) -> None:
+        row = {"transfer_id": req.transfer_id, "side": side, "strategy": type(self).__name__,
+               "blocks": len(req.block_ids), "skip_blocks": req.skip_blocks, "tokens": req.num_tokens,
+               **fields}
+        if self.verify:
+            row["digests"] = self.block_digests(req.block_ids)
+        path = self.params.get("stats_path")
+        if path:
+            with open(path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def shutdown(self):
+        return None
+
