@@ -24,6 +24,11 @@ from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 
 
+# Engines leave on os._exit / SIGKILL, so vLLM's semaphores are reclaimed by multiprocessing's
+# resource tracker, which would warn about each one at exit.
+os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.resource_tracker")
+
+
 class EngineDied(RuntimeError):
     pass
 

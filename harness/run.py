@@ -62,6 +62,13 @@ def load_tokenizer(model_path: str):
 def load_connector(strategy: DictConfig) -> type:
     """Import the strategy's connector class now, so a typo fails before any engine starts."""
     logging.getLogger("vllm").setLevel(logging.ERROR)  # engine logs go to the engines' files, not here
+    if not strategy.module:
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+        if strategy.connector not in KVConnectorFactory._registry:
+            raise ConfigError(f"strategy {strategy.name!r}: vLLM has no connector {strategy.connector!r}; "
+                              f"it has {sorted(KVConnectorFactory._registry)}")
+        return None
     try:
         module = importlib.import_module(strategy.module)
     except ImportError as e:
@@ -110,15 +117,38 @@ def transfer_config(cfg: DictConfig, role: str, port: int, stats_path: Path) -> 
     s = cfg.strategy
     extra = {"port": port, "host": "127.0.0.1", "stats_path": str(stats_path), "verify": bool(s.verify),
              "timeout_s": cfg.run.transfer_timeout_s, **OmegaConf.to_container(s.params, resolve=True)}
-    return {"kv_connector": s.connector, "kv_connector_module_path": s.module, "kv_role": role,
-            "kv_connector_extra_config": extra}
+    out = {"kv_connector": s.connector, "kv_role": role, "kv_connector_extra_config": extra}
+    if s.module:  # None: one of vLLM's own connectors
+        out["kv_connector_module_path"] = s.module
+    return out
 
 
 # ---------------------------------------------------------------------- driving requests
+class Progress:
+    """Phase, requests done and ETA on one terminal line (a line every 10 s when not a terminal)."""
+
+    def __init__(self, phase: str, total: int):
+        self.phase, self.total, self.done = phase, total, 0
+        self.t0 = self.shown = time.monotonic()
+        self.tty = sys.stdout.isatty()
+
+    def step(self) -> None:
+        self.done += 1
+        now = time.monotonic()
+        if self.done < self.total and now - self.shown < (0.5 if self.tty else 10):
+            return
+        self.shown = now
+        eta = (now - self.t0) / self.done * (self.total - self.done)
+        line = f"[{self.phase}] {self.done}/{self.total} requests, {now - self.t0:.0f} s, ETA {eta:.0f} s"
+        print(f"\r{line}" if self.tty else line, end="\n" if not self.tty or self.done == self.total else "",
+              flush=True)
+
+
 def pipeline(stages: list[tuple[EngineProcess, Callable[[Prompt], dict]]], workload: Workload,
-             timeout_s: float, on_finish: Callable[[Prompt, float, list[dict]], None]) -> None:
+             timeout_s: float, on_finish: Callable[[Prompt, float, list[dict]], None], phase: str = "") -> None:
     """Run every prompt through the stages in order (a stage starts when the previous one has
     finished), with up to `workload.concurrency` prompts in flight."""
+    progress = Progress(phase or "+".join(e.name for e, _ in stages), len(workload.prompts))
     waiting = list(workload.prompts)
     active: dict[str, tuple[Prompt, int, float, list[dict]]] = {}
     engines = list({id(e): e for e, _ in stages}.values())
@@ -147,6 +177,7 @@ def pipeline(stages: list[tuple[EngineProcess, Callable[[Prompt], dict]]], workl
                 submit(p, stage + 1, t0, results)
             else:
                 on_finish(p, t0, results)
+                progress.step()
 
 
 class TransferStats:
@@ -192,6 +223,7 @@ def disagg_row(cfg, run_id: str, p: Prompt, t0: float, results: list[dict], base
         "prefill_ms": (pre["finished_t"] - t0) * 1e3, "ttft_ms": ttft, "e2e_ms": (dec["finished_t"] - t0) * 1e3,
         "ttft_overhead_ms": ttft - base["ttft_ms"],
         "bytes": n_bytes, "messages": send.get("messages"), "blocks": send.get("blocks"),
+        "kv_cache_bytes": send.get("kv_cache_bytes"),
         "skip_blocks": recv.get("skip_blocks"), "send_ms": send.get("send_ms"), "transfer_ms": transfer_ms,
         "load_ms": recv.get("load_ms"), "ready_ms": recv.get("ready_ms"),
         "gbps": n_bytes / transfer_ms / 1e6 if n_bytes and transfer_ms else None,

@@ -1,88 +1,147 @@
-"""End to end on CPU with real vLLM engines: baseline, prefill and decode, KV moved by `fused`.
+"""End to end on CPU with real vLLM engines: baseline, prefill and decode, KV moved by each
+strategy, every output compared with the baseline and every transfer's digests checked.
 
-One harness run (module fixture) serves every test here: prompts of edge-case lengths around
-the block size, two sharing a prefix, several in flight at once.
+One harness run per strategy (a module fixture) serves every test of that strategy. Its
+prompts cover the edge cases real connectors break on: shorter than one block, exactly one
+block, one token past a block, a long prompt, two prompts sharing a two-block prefix (the
+second arrives after the first has finished, so both engines' prefix caches hit), and
+several requests in flight at once.
 """
 
+import json
 import random
 
 import psutil
 import pytest
 
-from tests.conftest import run_harness, write_token_prompts
+from tests.conftest import ROOT, run_harness, write_token_prompts
 
 BLOCK = 32
-LENGTHS = [1, 5, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + 1, 150]
+N_LAYERS = json.loads((ROOT / "models" / "tiny-llama" / "config.json").read_text())["num_hidden_layers"]
 
 
-def _prompts():
+def edge_prompts(block: int = BLOCK) -> list[list[int]]:
     rng = random.Random(1)
-    prompts = [[rng.randrange(10, 4000) for _ in range(n)] for n in LENGTHS]
-    prefix = [rng.randrange(10, 4000) for _ in range(2 * BLOCK)]
-    prompts += [prefix + [rng.randrange(10, 4000) for _ in range(9)] for _ in range(2)]
-    return prompts
+    tok = lambda n: [rng.randrange(10, 4000) for _ in range(n)]  # noqa: E731
+    prefix = tok(2 * block)
+    return [tok(1), tok(5), prefix + tok(9), tok(block), tok(block + 1), tok(block - 1), tok(150),
+            tok(2 * block + 1), prefix + tok(7)]
 
 
-@pytest.fixture(scope="module")
-def fused_run(results_dir, tmp_path_factory):
-    prompts = write_token_prompts(tmp_path_factory.mktemp("w") / "prompts.jsonl", _prompts())
-    return run_harness(results_dir / "e2e-fused", "strategy=fused", "workload=jsonl",
-                       f"workload.path={prompts}", "workload.concurrency=3", "engine.max_model_len=512",
-                       "sampling.max_tokens=8")
+SHARED_PREFIX = (2, 8)  # indices of the two prompts that share a prefix
+
+CASES = {
+    "fused": ["strategy=fused"],
+    "per_request_blocks": ["strategy=per_request_blocks"],
+    "per_request_blocks-per_block-bs64": ["strategy=per_request_blocks", "strategy.params.granularity=block",
+                                          "engine.block_size=64"],
+    "full_cache": ["strategy=full_cache"],
+    "layerwise": ["strategy=layerwise"],
+    "vllm_example": ["strategy=vllm_example"],
+    "custom-two_halves": ["strategy=custom", "strategy.name=two_halves", "strategy.module=examples.two_halves",
+                          "strategy.connector=TwoHalvesConnector"],
+}
 
 
-def test_every_output_matches_the_baseline(fused_run):
-    assert fused_run.code == 0, fused_run.stderr[-3000:]
-    s = fused_run.summary
-    assert s["status"] == "ok" and s["requests"] == len(_prompts())
+def expected_messages(case: str, blocks: int) -> int | None:
+    return {"fused": 1, "per_request_blocks": N_LAYERS, "layerwise": N_LAYERS, "full_cache": N_LAYERS + 1,
+            "per_request_blocks-per_block-bs64": max(N_LAYERS * blocks, 1), "custom-two_halves": 2}.get(case)
+
+
+def harness_on_edge_prompts(results_dir, tmp_path_factory, name: str, *overrides: str):
+    block = 64 if "engine.block_size=64" in overrides else BLOCK
+    prompts = write_token_prompts(tmp_path_factory.mktemp(name) / "prompts.jsonl", edge_prompts(block))
+    return run_harness(results_dir / f"e2e-{name}", *overrides, "workload=jsonl", f"workload.path={prompts}",
+                       "workload.concurrency=3", "engine.max_model_len=512", "sampling.max_tokens=8")
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def strategy_run(request, results_dir, tmp_path_factory):
+    run = harness_on_edge_prompts(results_dir, tmp_path_factory, request.param, *CASES[request.param])
+    run.case = request.param
+    return run
+
+
+def test_every_output_matches_the_baseline(strategy_run):
+    assert strategy_run.code == 0, strategy_run.stderr[-3000:]
+    s = strategy_run.summary
+    assert s["status"] == "ok" and s["requests"] == len(edge_prompts())
     assert s["match_rate"] == 1.0 and s["mismatches"] == 0
-    assert "match" in fused_run.stdout and "GB/s" in fused_run.stdout
+    assert "match" in strategy_run.stdout and "GB/s" in strategy_run.stdout
 
 
-def test_every_transfer_is_bit_identical(fused_run):
-    rows = fused_run.jsonl("requests.jsonl")
-    assert all(r["digest_match"] is True for r in rows)
-    assert fused_run.summary["digest_failures"] == 0
+def test_every_transfer_is_bit_identical(strategy_run):
+    if strategy_run.case == "vllm_example":
+        pytest.skip("vLLM's ExampleConnector is run unchanged: no digests")
+    rows = strategy_run.jsonl("requests.jsonl")
+    assert [r["digest_match"] for r in rows] == [True] * len(rows)
+    assert strategy_run.summary["digest_failures"] == 0
 
 
-def test_records_carry_latency_bytes_and_messages(fused_run):
-    rows = {r["prompt_idx"]: r for r in fused_run.jsonl("requests.jsonl")}
-    base = {r["prompt_idx"]: r for r in fused_run.jsonl("baseline.jsonl")}
-    assert sorted(rows) == sorted(base) == list(range(len(_prompts())))
-    per_block = None
+def test_records_carry_latency_bytes_and_messages(strategy_run):
+    rows = {r["prompt_idx"]: r for r in strategy_run.jsonl("requests.jsonl")}
+    base = {r["prompt_idx"]: r for r in strategy_run.jsonl("baseline.jsonl")}
+    prompts = edge_prompts(64 if "bs64" in strategy_run.case else BLOCK)
+    block = 64 if "bs64" in strategy_run.case else BLOCK
+    assert sorted(rows) == sorted(base) == list(range(len(prompts)))
     for i, r in rows.items():
-        n = len(_prompts()[i])
-        assert r["prompt_len"] == n and r["output_len"] == 8
-        assert r["blocks"] == -(-(n - 1) // BLOCK)  # ceil: the blocks holding tokens [0, n-1)
-        assert r["messages"] == 1  # fused: one message per request
-        if r["blocks"]:
-            per_block = per_block or r["bytes"] / r["blocks"]
-            assert r["bytes"] == r["blocks"] * per_block
-            assert r["transfer_ms"] > 0 and r["gbps"] > 0
-        else:
-            assert r["bytes"] == 0
+        assert r["prompt_len"] == len(prompts[i]) and r["output_len"] == 8
         for k in ("ttft_ms", "e2e_ms", "base_ttft_ms", "base_e2e_ms", "prefill_ms"):
             assert r[k] > 0
         assert r["e2e_ms"] >= r["ttft_ms"] >= r["prefill_ms"]
-    assert per_block and per_block > 0
+        if strategy_run.case == "vllm_example":
+            continue
+        assert r["blocks"] == -(-(len(prompts[i]) - 1) // block)  # the blocks holding tokens [0, n-1)
+        assert r["messages"] == expected_messages(strategy_run.case, r["blocks"])
+        if strategy_run.case == "full_cache":
+            assert r["bytes"] == r["kv_cache_bytes"] + 8 * r["blocks"]  # whole cache + the sender's block ids
+        elif r["blocks"]:
+            assert r["bytes"] % r["blocks"] == 0 and r["transfer_ms"] > 0 and r["gbps"] > 0
+        else:
+            assert r["bytes"] == 0
 
 
-def test_run_directory_has_config_versions_and_summary(fused_run):
-    d = fused_run.run_dir
+def test_prefix_cache_hits_on_decode_side(strategy_run):
+    if strategy_run.case == "vllm_example":
+        pytest.skip("no transfer stats")
+    rows = {r["prompt_idx"]: r for r in strategy_run.jsonl("requests.jsonl")}
+    first, second = SHARED_PREFIX
+    assert rows[first]["skip_blocks"] == 0
+    assert rows[second]["skip_blocks"] >= 1 and rows[second]["digest_match"] is True
+
+
+def test_run_directory_has_config_versions_and_summary(strategy_run):
+    d = strategy_run.run_dir
     assert (d / ".hydra" / "config.yaml").exists()
-    import json
-
     meta = json.loads((d / "meta.json").read_text())
     assert meta["versions"]["vllm"] and meta["versions"]["torch"] and meta["versions"]["device"] == "cpu"
     assert "git_sha" in meta["versions"]
-    s = fused_run.summary
-    for k in ("ttft_ms_p50", "ttft_ms_p90", "e2e_ms_p50", "transfer_ms_p50", "transfer_gbps", "bytes_p50"):
+    s = strategy_run.summary
+    for k in ("ttft_ms_p50", "ttft_ms_p90", "e2e_ms_p50", "base_ttft_ms_p90"):
         assert s[k] is not None
 
 
-def test_no_engine_left_running(fused_run):
-    for pid in fused_run.summary["engine_pids"].values():
+def test_no_engine_left_running(strategy_run):
+    for pid in strategy_run.summary["engine_pids"].values():
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.fixture(scope="module")
+def corrupted_run(results_dir, tmp_path_factory):
+    return harness_on_edge_prompts(results_dir, tmp_path_factory, "corrupt", "strategy=fused",
+                                   "+strategy.params.corrupt=true")
+
+
+def test_negative_control_corruption_is_caught(corrupted_run):
+    """A transfer corrupted on purpose must show as digest failures and output mismatches."""
+    assert corrupted_run.code == 1
+    s = corrupted_run.summary
+    assert s["status"] == "mismatch"
+    rows = corrupted_run.jsonl("requests.jsonl")
+    corrupted = [r for r in rows if r["blocks"] and not r["skip_blocks"]]
+    assert corrupted and all(r["digest_match"] is False for r in corrupted)
+    assert s["digest_failures"] >= len(corrupted)
+    assert s["mismatches"] >= len(corrupted) // 2, "corrupting a block should change most outputs"
 
 
 @pytest.fixture(scope="module")
@@ -100,5 +159,4 @@ def test_engine_death_stops_the_run_and_keeps_records(crashed_run):
     assert len(crashed_run.jsonl("requests.jsonl")) == 1  # the request before the crash
     for pid in crashed_run.summary["engine_pids"].values():
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    t = crashed_run.summary["timings"]
-    assert t["shutdown_s"] < 30
+    assert crashed_run.summary["timings"]["shutdown_s"] < 30

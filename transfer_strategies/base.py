@@ -59,6 +59,8 @@ class TransferRequest:
     skip_blocks: int = 0  # decode only: leading blocks this engine already has (prefix cache)
     # filled in by the worker while it moves the request
     t_start: float = 0.0
+    bytes: int = 0
+    messages: int = 0
     received: list[Message] = field(default_factory=list)
 
 
@@ -82,6 +84,7 @@ class TransferConnector(KVConnectorBase_V1):
         self.params: dict[str, Any] = dict(cfg.kv_connector_extra_config or {})
         self.block_size = vllm_config.cache_config.block_size
         self.verify = bool(self.params.get("verify", True))
+        self.corrupt = bool(self.params.get("corrupt", False))  # negative control, see `scatter`
         # scheduler-side state
         self._sends: dict[str, TransferRequest] = {}
         self._prompt_len: dict[str, int] = {}
@@ -200,13 +203,22 @@ class TransferConnector(KVConnectorBase_V1):
         return t.numel() // t.shape[self.block_dim] * t.element_size()
 
     def gather(self, layer: int, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
+        """This engine's blocks `block_ids` of one layer, in `layer_shape(len(block_ids))`."""
         idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
         return torch.index_select(self.kv_layers[layer], self.block_dim, idx, out=out)
 
-    def scatter(self, layer: int, block_ids: list[int], src: torch.Tensor) -> None:
-        if not block_ids:
+    def scatter(self, req: TransferRequest, layer: int, src: torch.Tensor, start: int = 0) -> None:
+        """Write received blocks [start, start + k) of a request (k = src's block count) into this
+        engine's blocks, leaving alone those it already had (prefix cache hits)."""
+        k = src.shape[self.block_dim]
+        lo = max(req.skip_blocks, start)
+        if lo >= start + k:
             return
-        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
+        src = src.narrow(self.block_dim, lo - start, start + k - lo)
+        if self.corrupt and layer == 0 and lo == 0:
+            src = src.clone()  # negative control: this request's first block arrives with its signs flipped
+            src.narrow(self.block_dim, 0, 1).neg_()
+        idx = torch.tensor(req.block_ids[lo:start + k], dtype=torch.long, device=self.device)
         self.kv_layers[layer].index_copy_(self.block_dim, idx, src)
 
     def layer_shape(self, n_blocks: int) -> list[int]:
@@ -215,14 +227,21 @@ class TransferConnector(KVConnectorBase_V1):
         shape[self.block_dim] = n_blocks
         return shape
 
+    def empty(self, *lead: int, n_blocks: int) -> torch.Tensor:
+        """An uninitialised buffer of [*lead, *layer_shape(n_blocks)] in the KV dtype, on the KV device."""
+        return torch.empty((*lead, *self.layer_shape(n_blocks)), dtype=self.kv_layers[0].dtype, device=self.device)
+
     def view_payload(self, payload: torch.Tensor, *lead: int, n_blocks: int) -> torch.Tensor:
         """View received bytes as [*lead, *layer_shape(n_blocks)] in the KV dtype."""
         return payload.view(self.kv_layers[0].dtype).view(*lead, *self.layer_shape(n_blocks))
 
     def post(self, req: TransferRequest, index: int, count: int, payload: torch.Tensor) -> None:
-        self.channel.send(req.transfer_id, index, count, payload, t0=req.t_start)
+        """Send message `index` of `count` of this request's transfer."""
+        req.bytes += self.channel.send(req.transfer_id, index, count, payload, t0=req.t_start)
+        req.messages += 1
 
     def collect(self, req: TransferRequest, index: int | None = None) -> list[Message]:
+        """Wait for message `index` (default: all messages) of this request's transfer."""
         msgs = self.channel.wait(req.transfer_id, index)
         req.received.extend(msgs)
         return msgs
@@ -242,7 +261,9 @@ class TransferConnector(KVConnectorBase_V1):
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         for req in self._meta().loads:
-            self._timed_receive(req)
+            self.begin_receive(req)
+            self.receive(req)
+            self.end_receive(req)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return
@@ -254,30 +275,33 @@ class TransferConnector(KVConnectorBase_V1):
         if not self.has_connector_metadata():
             return
         for req in self._meta().sends:
-            self._timed_send(req)
+            self.begin_send(req)
+            self.send(req)
+            self.end_send(req)
 
     # timing, counting, digests ---------------------------------------------------
-    def _timed_send(self, req: TransferRequest) -> None:
-        b0, m0 = self.channel.bytes_sent, self.channel.messages_sent
+    def begin_send(self, req: TransferRequest) -> None:
         req.t_start = time.monotonic()
-        self.send(req)
-        self._sync()
-        t_end = time.monotonic()
-        self.record(req, "send", bytes=self.channel.bytes_sent - b0, messages=self.channel.messages_sent - m0,
-                    send_ms=(t_end - req.t_start) * 1e3)
 
-    def _timed_receive(self, req: TransferRequest) -> None:
-        t0 = time.monotonic()
-        self.receive(req)
+    def end_send(self, req: TransferRequest) -> None:
+        self.channel.flush()
+        self._sync()
+        self.record(req, "send", bytes=req.bytes, messages=req.messages,
+                    send_ms=(time.monotonic() - req.t_start) * 1e3)
+
+    def begin_receive(self, req: TransferRequest) -> None:
+        req.t_start = time.monotonic()
+
+    def end_receive(self, req: TransferRequest) -> None:
         self._sync()
         t_end = time.monotonic()
         self.channel.release(req.transfer_id)
         msgs = req.received
-        sent_at = msgs[0].meta.get("t0", t0) if msgs else t0
-        arrived = max((m.arrived for m in msgs), default=t0)
+        sent_at = msgs[0].meta.get("t0", req.t_start) if msgs else req.t_start
+        arrived = max((m.arrived for m in msgs), default=req.t_start)
         self.record(req, "receive", bytes=sum(m.payload.numel() for m in msgs), messages=len(msgs),
                     transfer_ms=(arrived - sent_at) * 1e3,  # sender starts gathering -> last byte here
-                    load_ms=(t_end - t0) * 1e3,  # decode step blocked on KV (wait + scatter)
+                    load_ms=(t_end - req.t_start) * 1e3,  # decode step blocked on KV (wait + scatter)
                     ready_ms=(t_end - sent_at) * 1e3)  # sender starts -> KV in this engine's blocks
 
     def _sync(self) -> None:
@@ -298,6 +322,8 @@ class TransferConnector(KVConnectorBase_V1):
     def record(self, req: TransferRequest, side: str, **fields) -> None:
         row = {"transfer_id": req.transfer_id, "side": side, "strategy": type(self).__name__,
                "blocks": len(req.block_ids), "skip_blocks": req.skip_blocks, "tokens": req.num_tokens,
+               "kv_cache_blocks": self._kv_cache_config.num_blocks,
+               "kv_cache_bytes": self.block_bytes() * len(self.kv_layers) * self._kv_cache_config.num_blocks,
                **fields}
         if self.verify:
             row["digests"] = self.block_digests(req.block_ids)

@@ -76,8 +76,7 @@ class Channel:
         self.rank = rank
         self.device = torch.device(device)
         self.timeout_s = timeout_s
-        self.bytes_sent = 0
-        self.messages_sent = 0
+        self._in_flight: list = []  # (work, payload) of sends not yet waited for
         self._inboxes: dict[str, _Inbox] = {}
         self._cond = threading.Condition()
         self._error: BaseException | None = None
@@ -86,16 +85,21 @@ class Channel:
             self._thread.start()
 
     # ---- sender ----
-    def send(self, transfer_id: str, index: int, count: int, payload: torch.Tensor, **meta) -> None:
-        """Send one message; blocks until the payload has left this process."""
+    def send(self, transfer_id: str, index: int, count: int, payload: torch.Tensor, **meta) -> int:
+        """Post one message and return its payload size; `flush` waits until it has left.
+        The payload must not change before then."""
         data = as_bytes(payload)
         header = _encode_header({"id": transfer_id, "i": index, "n": count,
-                                 "nbytes": data.numel(), "meta": meta})
-        self.pg.send([header.to(self.device)], 1, _TAG).wait()
+                                 "nbytes": data.numel(), "meta": meta}).to(self.device)
+        self._in_flight.append((self.pg.send([header], 1, _TAG), header))
         if data.numel():
-            self.pg.send([data], 1, _TAG).wait()
-        self.bytes_sent += data.numel()
-        self.messages_sent += 1
+            self._in_flight.append((self.pg.send([data], 1, _TAG), data))
+        return data.numel()
+
+    def flush(self) -> None:
+        for work, _ in self._in_flight:
+            work.wait()
+        self._in_flight.clear()
 
     # ---- receiver ----
     def _receive_loop(self) -> None:
