@@ -328,6 +328,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         for e in engines.values():
             e.stop(grace_s=10 if status == "ok" else 1)
         timings["shutdown_s"] = time.monotonic() - t0
+        Path(f"/dev/shm/kvh-{port}").unlink(missing_ok=True)  # a killed prefill engine cannot remove it
         base_out.close()
         req_out.close()
 

@@ -139,7 +139,9 @@ class TransferConnector(KVConnectorBase_V1):
             if rid in self._sends:
                 new_blocks = cached.new_block_ids[i]
                 if new_blocks is not None:
-                    self._sends[rid].block_ids += list(self._single_group(new_blocks))
+                    blocks = list(self._single_group(new_blocks))
+                    resumed = rid in getattr(cached, "resumed_req_ids", ())  # after preemption: all blocks anew
+                    self._sends[rid].block_ids = blocks if resumed else self._sends[rid].block_ids + blocks
                 progress.append((rid, cached.num_computed_tokens[i]))
         for rid, computed in progress:
             # send once the step that computes the prompt's last token has run (chunked prefill)
@@ -177,7 +179,7 @@ class TransferConnector(KVConnectorBase_V1):
         self.device = self.kv_layers[0].device
         rank = 0 if self.is_producer else 1
         self.channel = open_channel(rank, self.params.get("host", "127.0.0.1"), int(self.params["port"]),
-                                    self.device, float(self.params.get("timeout_s", 300)))
+                                    self.device, float(self.params.get("timeout_s", 300)), self.params)
         self._exchange_layout()
 
     def _layout(self) -> dict:
@@ -228,8 +230,12 @@ class TransferConnector(KVConnectorBase_V1):
         return shape
 
     def empty(self, *lead: int, n_blocks: int) -> torch.Tensor:
-        """An uninitialised buffer of [*lead, *layer_shape(n_blocks)] in the KV dtype, on the KV device."""
-        return torch.empty((*lead, *self.layer_shape(n_blocks)), dtype=self.kv_layers[0].dtype, device=self.device)
+        """A send buffer of [*lead, *layer_shape(n_blocks)] in the KV dtype, allocated by the channel
+        (on CUDA, in the staging buffer the receiver reads from: no extra copy)."""
+        shape = (*lead, *self.layer_shape(n_blocks))
+        dtype = self.kv_layers[0].dtype
+        nbytes = math.prod(shape) * dtype.itemsize
+        return self.channel.alloc(nbytes).view(dtype).view(shape)
 
     def view_payload(self, payload: torch.Tensor, *lead: int, n_blocks: int) -> torch.Tensor:
         """View received bytes as [*lead, *layer_shape(n_blocks)] in the KV dtype."""
@@ -333,5 +339,6 @@ class TransferConnector(KVConnectorBase_V1):
                 f.write(json.dumps(row) + "\n")
 
     def shutdown(self):
-        return None
+        if self.channel is not None:
+            self.channel.close()
 

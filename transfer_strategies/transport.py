@@ -9,13 +9,19 @@ Every message is a fixed-size JSON header (transfer id, index, count, byte size,
 timestamp) followed by a flat uint8 payload, so a strategy can send tensors of any dtype
 and shape; the receiver views the bytes back as the dtype and shape it expects.
 
-Backends: gloo over TCP on CPU. CUDA backends plug in here (see `open_channel`).
+Backends (`open_channel`, chosen by strategy.params.transport):
+  staged (default)  `StagedChannel`: the sender shares one staging buffer once, shared memory on
+                    CPU or CUDA IPC on a GPU (both engines on one GPU, where NCCL refuses two
+                    ranks), writes each payload there (strategies build payloads in it directly),
+                    and the gloo header says where; the receiver reads the bytes in place.
+  gloo (CPU)        `Channel`: headers and payloads both over gloo's TCP sockets.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+import pickle
 import threading
 import time
 from dataclasses import dataclass, field
@@ -124,6 +130,13 @@ class Channel:
                 self._error = e
                 self._cond.notify_all()
 
+    def close(self) -> None:
+        return None
+
+    def alloc(self, nbytes: int) -> torch.Tensor:
+        """A send buffer; payloads built in one avoid a copy on channels that stage them."""
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
     def wait(self, transfer_id: str, index: int | None = None) -> list[Message]:
         """Block until message `index` (or every message) of a transfer has arrived."""
         deadline = time.monotonic() + self.timeout_s
@@ -155,9 +168,140 @@ class Channel:
             self._inboxes.pop(transfer_id, None)
 
 
-def open_channel(rank: int, host: str, port: int, device: torch.device, timeout_s: float) -> Channel:
-    if device.type == "cpu":
+class StagedChannel(Channel):
+    """Headers over gloo; payloads in a staging buffer of the sender's that the receiver maps
+    once (shared memory on CPU, CUDA IPC on a GPU) and reads in place. The receiver acknowledges
+    each transfer once it has read it (`release`), which frees that part of the buffer."""
+
+    _ACK_TAG = 8
+
+    def __init__(self, rank: int, host: str, port: int, device: torch.device, timeout_s: float,
+                 buffer_bytes: int):
+        super().__init__(rank, host, port, "gloo", "cpu", timeout_s)
+        self.staging_device = device
+        self._shm = None
+        if rank == 0:
+            self.staging, handle = self._create(device, buffer_bytes, f"kvh-{port}")
+            self._head = 0  # bump allocator; rewinds when every region has been acknowledged
+            self._live = 0
+            blob = pickle.dumps(handle)
+            super().send("__staging__", 0, 1, torch.frombuffer(bytearray(blob), dtype=torch.uint8))
+            self.flush()
+            threading.Thread(target=self._ack_loop, name="kv-ack", daemon=True).start()
+        else:
+            msg = super().wait("__staging__")[0]
+            self.staging = self._open(pickle.loads(msg.payload.numpy().tobytes()))
+            super().release("__staging__")
+
+    def _create(self, device: torch.device, nbytes: int, name: str):
+        if device.type == "cuda":
+            from torch.multiprocessing.reductions import reduce_tensor
+
+            buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            return buf, ("cuda", reduce_tensor(buf))
+        from multiprocessing import shared_memory
+
+        try:  # a run that was killed may have left its segment behind
+            shared_memory.SharedMemory(name=name).unlink()
+        except FileNotFoundError:
+            pass
+        self._shm = shared_memory.SharedMemory(name=name, create=True, size=nbytes)
+        return torch.frombuffer(self._shm.buf, dtype=torch.uint8), ("shm", name)
+
+    def _open(self, handle) -> torch.Tensor:
+        kind, info = handle
+        if kind == "cuda":
+            rebuild, args = info
+            return rebuild(*args)
+        from multiprocessing import resource_tracker, shared_memory
+
+        self._shm = shared_memory.SharedMemory(name=info)
+        resource_tracker.unregister(self._shm._name, "shared_memory")  # the sender owns it
+        return torch.frombuffer(self._shm.buf, dtype=torch.uint8)
+
+    def close(self) -> None:
+        if self._shm is not None and self.rank == 0:
+            self._shm.unlink()
+
+    # sender
+    def alloc(self, nbytes: int) -> torch.Tensor:
+        if nbytes == 0:
+            return self.staging[:0]
+        region = -(-nbytes // 256) * 256  # keep every region aligned for any dtype view
+        deadline = time.monotonic() + self.timeout_s
+        with self._cond:
+            while True:
+                if self._live == 0:
+                    self._head = 0
+                if self._head + region <= self.staging.numel():
+                    off, self._head = self._head, self._head + region
+                    self._live += 1
+                    return self.staging[off:off + nbytes]
+                if nbytes > self.staging.numel():
+                    raise RuntimeError(f"a {nbytes / 2**20:.0f} MiB payload does not fit the "
+                                       f"{self.staging.numel() / 2**20:.0f} MiB staging buffer: raise "
+                                       f"strategy.params.staging_mb")
+                if self._error is not None:
+                    raise RuntimeError(f"KV channel closed ({self._live} regions unacknowledged): {self._error}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the decode engine acknowledged no KV for too long")
+                self._cond.wait(0.5)
+
+    def send(self, transfer_id: str, index: int, count: int, payload: torch.Tensor, **meta) -> int:
+        data = as_bytes(payload)
+        if data.numel() == 0:  # nothing to stage: a plain header
+            return super().send(transfer_id, index, count, data.cpu(), **meta)
+        base = self.staging.data_ptr()
+        inside = base <= data.data_ptr() < base + self.staging.numel()
+        if not inside:  # not built in a staging buffer: copying it there is this channel's "wire"
+            staged = self.alloc(data.numel())
+            staged.copy_(data)
+            data = staged
+        if self.staging_device.type == "cuda":
+            torch.cuda.current_stream(self.staging_device).synchronize()  # the receiver reads on its own stream
+        header = {"offset": data.data_ptr() - base, "nbytes": data.numel()}
+        super().send(transfer_id, index, count, torch.empty(0, dtype=torch.uint8), ipc=header, **meta)
+        return data.numel()
+
+    def _ack_loop(self) -> None:
+        ack = torch.empty(1, dtype=torch.int64)
+        try:
+            while True:
+                self.pg.recv([ack], 1, self._ACK_TAG).wait()
+                with self._cond:
+                    self._live -= int(ack.item())
+                    self._cond.notify_all()
+        except BaseException as e:
+            with self._cond:
+                self._error = e
+                self._cond.notify_all()
+
+    # receiver
+    def wait(self, transfer_id: str, index: int | None = None) -> list[Message]:
+        msgs = super().wait(transfer_id, index)
+        for m in msgs:
+            ipc = m.meta.get("ipc")
+            if ipc is not None and not m.meta.get("mapped"):
+                m.payload = self.staging[ipc["offset"]:ipc["offset"] + ipc["nbytes"]]
+                m.meta["mapped"] = True
+        return msgs
+
+    def release(self, transfer_id: str) -> None:
+        with self._cond:
+            box = self._inboxes.pop(transfer_id, None)
+        if box is not None and box.messages:
+            n = sum(1 for m in box.messages.values() if m.meta.get("ipc") is not None)
+            self.pg.send([torch.tensor([n], dtype=torch.int64)], 0, self._ACK_TAG).wait()
+
+
+def open_channel(rank: int, host: str, port: int, device: torch.device, timeout_s: float,
+                 params: dict | None = None) -> Channel:
+    params = params or {}
+    transport = params.get("transport", "staged")
+    if transport == "gloo" and device.type == "cpu":
         return Channel(rank, host, port, "gloo", "cpu", timeout_s)
-    if device.type == "cuda":
-        return Channel(rank, host, port, "nccl", str(device), timeout_s)
-    raise ValueError(f"no KV transport for device type {device.type!r}")
+    if transport == "staged" and device.type in ("cpu", "cuda"):
+        default_mb = 1024 if device.type == "cpu" else 4096
+        return StagedChannel(rank, host, port, device, timeout_s, int(params.get("staging_mb", default_mb)) * 2**20)
+    raise ValueError(f"no KV transport {transport!r} for device type {device.type!r}: use "
+                     f"strategy.params.transport=staged (shared memory on CPU, CUDA IPC on GPU) or gloo (CPU)")
