@@ -109,7 +109,12 @@ def engine_env(cfg: DictConfig, device: str, gpu: int) -> dict:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.engine.kv_cache_gib)
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # engines share the cores
     else:
-        env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        # Own GPU first (vLLM uses cuda:0), the others visible too, so that a staging buffer shared
+        # through CUDA IPC from another GPU is read over NVLink peer access.
+        import torch
+
+        others = [g for g in range(torch.cuda.device_count()) if g != gpu]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in [gpu, *others])
     return env
 
 
