@@ -24,10 +24,21 @@ def main(cfg: DictConfig) -> int:
     from harness.run import run
 
     hc = HydraConfig.get()
-    code = run(cfg, Path(hc.runtime.output_dir))
-    if hc.mode == RunMode.RUN and code:
-        sys.exit(code)
-    return code
+    if hc.mode == RunMode.RUN:
+        code = run(cfg, Path(hc.runtime.output_dir))
+        if code:
+            sys.exit(code)
+        return code
+    # In a sweep, one failed job must not stop the others: it shows as failed in its summary.
+    try:
+        return run(cfg, Path(hc.runtime.output_dir))
+    except Exception as e:  # noqa: BLE001
+        import json
+        import traceback
+
+        traceback.print_exc()
+        (Path(hc.runtime.output_dir) / "summary.json").write_text(json.dumps({"status": "crashed", "error": repr(e)}))
+        return 4
 
 
 if __name__ == "__main__":

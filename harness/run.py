@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness.compare import compare_outputs
 from harness.engine_process import EngineDied, EngineProcess, next_events, wait_ready
 from harness.records import PROJECT_ROOT, JsonlWriter, format_table, read_jsonl, summarize, versions, write_json
+from harness.tracking import make_tracker
 from harness.workload import Prompt, Workload, WorkloadError
 
 
@@ -208,7 +209,7 @@ def sampling_params(cfg: DictConfig, max_tokens: int, transfer_id: str | None = 
     return sp
 
 
-def disagg_row(cfg, run_id: str, p: Prompt, t0: float, results: list[dict], base: dict, stats: TransferStats,
+def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: list[dict], base: dict, stats: TransferStats,
                transfer_id: str) -> dict:
     pre, dec = results
     send, recv = stats.get(transfer_id, "send"), stats.get(transfer_id, "receive")
@@ -221,6 +222,7 @@ def disagg_row(cfg, run_id: str, p: Prompt, t0: float, results: list[dict], base
     n_bytes = send.get("bytes")
     return {
         "run_id": run_id, "strategy": cfg.strategy.name, "model": cfg.model.name, "workload": cfg.workload.name,
+        "device": device,
         "prompt_idx": p.index, "prompt_len": len(p.token_ids), "output_len": len(dec["token_ids"]),
         **cmp.as_dict(), "prefill_token_match": pre["token_ids"][:1] == base["token_ids"][:1],
         "digest_match": digest_match,
@@ -253,6 +255,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         workload.check_fits(cfg.engine.max_model_len, cfg.sampling.max_tokens)
     except (ConfigError, WorkloadError) as e:
         print(f"error: {e}", file=sys.stderr)
+        write_json(run_dir / "summary.json", {"status": "bad_input", "error": str(e), "run_id": run_id})
         return 2
 
     meta = {"run_id": run_id, "versions": versions(device), "strategy": cfg.strategy.name,
@@ -313,7 +316,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         tid = lambda p: f"{tag}-{p.index}"  # noqa: E731
 
         def on_disagg(p: Prompt, t0: float, results: list[dict]) -> None:
-            row = disagg_row(cfg, run_id, p, t0, results, base_rows[p.index], stats, tid(p))
+            row = disagg_row(cfg, run_id, device, p, t0, results, base_rows[p.index], stats, tid(p))
             rows.append(row)
             req_out.write(row)
 
@@ -348,6 +351,13 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     write_json(run_dir / "summary.json", summary)
     if rows:
         print(format_table(rows, summary))
+    try:
+        tracker = make_tracker(cfg, run_dir, run_id)
+        tracker.log_summary(summary)
+        tracker.log_requests(rows)
+        tracker.finish(failed=code != 0)
+    except Exception as e:  # noqa: BLE001 - tracking must never cost the results already on disk
+        print(f"warning: tracking failed ({e}); results are in {run_dir}", file=sys.stderr)
     print(f"[harness] {status}: wall {timings['total_s']:.1f} s (engine start-up "
           f"{timings.get('startup_s', float('nan')):.1f} s); results in {run_dir}", flush=True)
     return code

@@ -44,8 +44,18 @@ class Workload:
                     f"(within the model's context) or shorten the prompt.")
 
 
-def text_prompts(name: str, prompts: list[str], tokenizer, concurrency: int = 1) -> Workload:
-    return Workload(name, [Prompt(i, tokenizer(t).input_ids, t) for i, t in enumerate(prompts)], concurrency)
+def text_prompts(name: str, prompts: list[str], tokenizer, concurrency: int = 1,
+                 prompt_len: int | None = None) -> Workload:
+    """Fixed texts; with prompt_len, each text's tokens are repeated or cut to exactly that length."""
+    out = []
+    for i, text in enumerate(prompts):
+        ids = tokenizer(text).input_ids
+        if prompt_len is not None:
+            if prompt_len < 1:
+                raise WorkloadError(f"workload.prompt_len must be >= 1, got {prompt_len}")
+            ids = (ids * (prompt_len // max(len(ids), 1) + 1))[:prompt_len]
+        out.append(Prompt(i, ids, text))
+    return Workload(name, out, concurrency)
 
 
 def synthetic(name: str, prompt_len: int, num_prompts: int, tokenizer, seed: int = 0,

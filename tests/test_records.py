@@ -1,0 +1,104 @@
+"""Records, summaries, workloads and the composed config, without engines."""
+
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from harness.records import JsonlWriter, percentile, read_jsonl, summarize
+from harness.results import load_requests, load_runs
+from harness.sweep import format_rows, sweep_rows
+from harness.workload import Prompt, Workload, WorkloadError, jsonl, synthetic, text_prompts
+
+ROOT = Path(__file__).resolve().parent.parent
+OmegaConf.register_new_resolver("project_root", lambda: str(ROOT), replace=True)
+
+
+class FakeTokenizer:
+    all_special_ids = [0, 1]
+
+    def __len__(self):
+        return 50
+
+    def __call__(self, text):
+        return type("Enc", (), {"input_ids": [2 + (ord(c) % 40) for c in text]})()
+
+
+def test_percentile():
+    assert percentile([1, 2, 3, 4], 50) == 2.5
+    assert percentile([5], 90) == 5
+    assert percentile([None, float("nan")], 50) is None
+
+
+def test_jsonl_rows_are_on_disk_as_soon_as_written(tmp_path):
+    w = JsonlWriter(tmp_path / "r.jsonl")
+    w.write({"a": 1})
+    assert read_jsonl(tmp_path / "r.jsonl") == [{"a": 1}]  # before close: a crash keeps it
+    w.write({"a": 2})
+    w.close()
+    assert [r["a"] for r in read_jsonl(tmp_path / "r.jsonl")] == [1, 2]
+
+
+def test_summary_counts_mismatches_and_digest_failures():
+    rows = [{"match": True, "digest_match": True, "bytes": 100, "transfer_ms": 1.0, "ttft_ms": 10.0},
+            {"match": False, "digest_match": False, "bytes": 300, "transfer_ms": 1.0, "ttft_ms": 30.0},
+            {"match": True, "digest_match": None, "bytes": 0, "transfer_ms": None, "ttft_ms": 20.0}]
+    s = summarize(rows)
+    assert s["requests"] == 3 and s["mismatches"] == 1 and abs(s["match_rate"] - 2 / 3) < 1e-9
+    assert s["digest_checked"] == 2 and s["digest_failures"] == 1
+    assert s["ttft_ms_p50"] == 20.0 and s["transfer_gbps"] == 400 / 2.0 / 1e6
+
+
+def test_workloads_and_their_errors(tmp_path):
+    tok = FakeTokenizer()
+    w = synthetic("s", prompt_len=7, num_prompts=3, tokenizer=tok, seed=1)
+    assert [len(p.token_ids) for p in w.prompts] == [7, 7, 7]
+    assert w.prompts[0].token_ids == synthetic("s", 7, 3, tok, seed=1).prompts[0].token_ids
+    assert all(t not in (0, 1) for p in w.prompts for t in p.token_ids)
+    w = text_prompts("t", ["ab", "hello"], tok, prompt_len=5)
+    assert [len(p.token_ids) for p in w.prompts] == [5, 5]
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "hi"}\n{"prompt": [5, 6, 7]}\n')
+    assert [p.token_ids for p in jsonl("j", str(f), tok).prompts] == [tok("hi").input_ids, [5, 6, 7]]
+    f.write_text('{"text": "hi"}\n')
+    with pytest.raises(WorkloadError, match="p.jsonl:1"):
+        jsonl("j", str(f), tok)
+    with pytest.raises(WorkloadError, match="not found"):
+        jsonl("j", str(tmp_path / "none.jsonl"), tok)
+    with pytest.raises(WorkloadError, match=r"engine.max_model_len >= 12"):
+        Workload("w", [Prompt(0, [1] * 10)]).check_fits(max_model_len=11, max_tokens=2)
+
+
+def test_config_composes_with_every_group():
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config")
+        assert cfg.strategy.name == "fused" and cfg.workload.name == "smoke" and cfg.device.type == "auto"
+        assert Path(cfg.model.path) == ROOT / "models" / "tiny-llama"
+        for strategy in ("fused", "per_request_blocks", "full_cache", "layerwise", "vllm_example"):
+            c = compose("config", overrides=[f"strategy={strategy}", "workload=synthetic", "device=cpu"])
+            assert c.strategy.name == strategy and c.workload.prompt_len == 256
+        # a strategy group may resize the engine (full_cache shrinks the cache it sends whole)
+        assert compose("config", overrides=["strategy=full_cache"]).engine.kv_cache_gib < 1
+        assert compose("config", overrides=["strategy=full_cache", "engine.kv_cache_gib=2"]).engine.kv_cache_gib == 2
+
+
+def _fake_run(d: Path, status="ok"):
+    d.mkdir(parents=True)
+    (d / "meta.json").write_text(json.dumps({"versions": {"vllm": "0.32.0", "torch": "2.13", "git_sha": "abc"}}))
+    (d / "summary.json").write_text(json.dumps({"status": status, "strategy": "fused", "requests": 1,
+                                                "timings": {"startup_s": 3.0}}))
+    (d / "requests.jsonl").write_text(json.dumps({"prompt_len": 5, "ttft_ms": 1.0, "token_ids": [1]}) + "\n")
+
+
+def test_results_load_into_pandas_and_sweep_table(tmp_path):
+    _fake_run(tmp_path / "sweep" / "0_a")
+    _fake_run(tmp_path / "sweep" / "1_b", status="engine_failed")
+    df = load_requests(tmp_path)
+    assert len(df) == 2 and "token_ids" not in df and set(df["vllm"]) == {"0.32.0"}
+    runs = load_runs(tmp_path)
+    assert list(runs["timings.startup_s"]) == [3.0, 3.0]
+    rows = sweep_rows(tmp_path / "sweep")
+    assert [r["status"] for r in rows] == ["ok", "engine_failed"]
+    assert "engine_failed" in format_rows(rows)
