@@ -57,8 +57,9 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
         llm = LLM(**engine_args)
         # The first requests pay one-off costs (kernel selection, allocator growth): keep them
         # out of the measurements. No kv_transfer_params, so no connector moves anything.
-        llm.generate([{"prompt_token_ids": list(range(1, n + 1))} for n in (3, 40)],
-                     SamplingParams(max_tokens=2, ignore_eos=True, detokenize=False), use_tqdm=False)
+        for n in (3, 40, 100):
+            llm.generate([{"prompt_token_ids": [(7 * i) % 97 + 3 for i in range(n)]}],
+                         SamplingParams(max_tokens=3, ignore_eos=True, detokenize=False, logprobs=1), use_tqdm=False)
         engine = llm.llm_engine
         conn.send(("ready", {"startup_s": time.monotonic() - t0}))
         first_token: dict[str, float] = {}

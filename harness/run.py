@@ -18,6 +18,7 @@ from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness.ceiling import copy_ceiling_gbps
 from harness.compare import compare_outputs
 from harness.engine_process import EngineDied, EngineProcess, next_events, wait_ready
 from harness.records import PROJECT_ROOT, JsonlWriter, format_table, read_jsonl, summarize, versions, write_json
@@ -262,6 +263,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             "model": cfg.model.name, "workload": cfg.workload.name, "num_prompts": len(workload.prompts),
             "config": OmegaConf.to_container(cfg, resolve=True)}
     write_json(run_dir / "meta.json", meta)
+    ceiling = copy_ceiling_gbps(device)  # before the engines start: the machine is quiet
     args = engine_args(cfg, device)
     port = free_port()
     stats_paths = (run_dir / "prefill-transfers.jsonl", run_dir / "decode-transfers.jsonl")
@@ -345,7 +347,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     summary = summarize(rows)
     if status == "ok" and (summary.get("mismatches") or summary.get("digest_failures")):
         status, code = "mismatch", 1
-    summary.update(status=status, error=error, run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name,
+    summary.update(status=status, error=error, run_id=run_id, copy_ceiling_gbps=ceiling, strategy=cfg.strategy.name, model=cfg.model.name,
                    workload=cfg.workload.name, device=device, timings=timings,
                    engine_pids={n: e.proc.pid for n, e in engines.items()})
     write_json(run_dir / "summary.json", summary)

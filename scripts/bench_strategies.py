@@ -22,25 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness.ceiling import copy_ceiling_gbps
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def copy_ceiling_gbps(device: str = "cpu", nbytes: int = 256 << 20, repeats: int = 7) -> float:
-    """Bytes copied per second by one large tensor copy (median of repeats), in GB/s."""
-    src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(repeats + 1):
-        if device != "cpu":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        if device != "cpu":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return nbytes / statistics.median(times[1:]) / 1e9
 
 
 def main() -> int:
