@@ -96,6 +96,8 @@ def engine_args(cfg: DictConfig, device: str) -> dict:
                 enforce_eager=e.enforce_eager, seed=e.seed, enable_prefix_caching=e.prefix_caching,
                 max_num_seqs=e.max_num_seqs, disable_log_stats=True)
     if device == "cuda":
+        # A fixed KV size: vLLM's profiling would count the other engines starting on the same GPU
+        args["kv_cache_memory_bytes"] = int(e.kv_cache_gib * 2**30)
         args["gpu_memory_utilization"] = e.gpu_memory_utilization
     args.update(OmegaConf.to_container(e.extra, resolve=True))
     return args

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# GPU runs on the device machine (one H200, vLLM 0.26 from ../shared/gpu's bundle, already
+# installed and sourced). Writes logs and result tables under $OUT (default results/gpu).
+#   bash scripts/gpu_run.sh check    # default model: fused and per_request_blocks match the baseline
+#   bash scripts/gpu_run.sh bench    # Llama-3-8B shape, 512/2k/8k tokens, every strategy, one GPU
+set -uo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-results/gpu}   # run directories
+OUT=${OUT:-$RUNS}           # where the tables and summaries are copied (the device tool's $OUT)
+mkdir -p "$RUNS" "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >> "$OUT/gpu.txt" 2>&1
+case "${1:-check}" in
+  check)
+    for s in fused per_request_blocks layerwise; do
+      python3 -m harness device=cuda strategy=$s workload=synthetic workload.prompt_len=300 \
+        workload.num_prompts=6 workload.concurrency=2 "hydra.run.dir=$RUNS/check-$s" "${@:2}" 2>&1 | tail -14
+      cp "$RUNS/check-$s/summary.json" "$OUT/check-$s.summary.json" 2>/dev/null
+    done ;;
+  bench)
+    python3 scripts/bench_strategies.py --device cuda --lengths 512,2048,8192 --per-length 3 \
+      --strategies "${STRATEGIES:-fused,layerwise,per_request_blocks}" --out "$RUNS/bench" -- \
+      model=llama3_8b_shape engine.gpu_memory_utilization=0.28 "${@:2}" 2>&1 | grep -v "^\[" | tail -30
+      cp "$RUNS/bench/table.md" "$OUT/bench-table.md" 2>/dev/null
+      cp "$RUNS/bench/rows.csv" "$OUT/bench-rows.csv" 2>/dev/null ;;
+esac
