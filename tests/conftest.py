@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ class HarnessRun:
 
 
 def run_harness(run_dir: Path, *overrides: str, timeout: float = 900) -> HarnessRun:
+    shutil.rmtree(run_dir, ignore_errors=True)  # records append: start each test run from nothing
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}", "device=cpu", *overrides]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
