@@ -311,7 +311,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                  cfg.run.request_timeout_s, on_base)
         timings["baseline_s"] = time.monotonic() - t0
         if not cfg.run.overlap_startup:
-            engines.pop("baseline").stop()
+            engines["baseline"].stop()
             t0 = time.monotonic()
             wait_ready([start("prefill"), start("decode")], cfg.run.startup_timeout_s)
             timings["startup_s"] += time.monotonic() - t0
@@ -349,8 +349,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     summary = summarize(rows)
     if status == "ok" and (summary.get("mismatches") or summary.get("digest_failures")):
         status, code = "mismatch", 1
-    summary.update(status=status, error=error, run_id=run_id, copy_ceiling_gbps=ceiling, strategy=cfg.strategy.name, model=cfg.model.name,
-                   workload=cfg.workload.name, device=device, timings=timings,
+    summary.update(status=status, error=error, run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name,
+                   workload=cfg.workload.name, device=device, copy_ceiling_gbps=ceiling, timings=timings,
                    engine_pids={n: e.proc.pid for n, e in engines.items()})
     write_json(run_dir / "summary.json", summary)
     if rows:

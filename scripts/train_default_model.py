@@ -136,14 +136,14 @@ def main() -> int:
                     help="with --write-corpus: keep the topics shorter than this")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--vocab-size", type=int, default=4096)
-    ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--steps", type=int, default=800)
     ap.add_argument("--minutes", type=float, default=0.0,
                     help="also stop after this many minutes of training "
                          "(0: no limit; a limit makes the result machine-dependent)")
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--seq-len", type=int, default=256)
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--seq-len", type=int, default=512)
+    ap.add_argument("--lr", type=float, default=4e-3)
+    ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--min-lr-ratio", type=float, default=0.05)
     ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--threads", type=int, default=2)
@@ -286,11 +286,14 @@ def write_card(out: Path, info: dict) -> None:
 
 A small Llama-architecture causal LM (`LlamaForCausalLM`, 4 layers, hidden 256,
 4 attention heads, 2 KV heads, head size 64, MLP 704, tied embeddings,
-{info['parameters'] / 1e6:.2f} M parameters, float32 safetensors) with a byte-level
-BPE tokenizer of {info['vocab_size']} tokens (`<s>` is prepended to every prompt).
-Both were trained from scratch by `scripts/train_default_model.py` on the
-vendored corpus `{info['corpus']}` (the text of CPython's `pydoc_data/topics.py`,
-PSF licence, see `models/corpus/`). It memorises that text, so it gives confident,
+{info['parameters'] / 1e6:.2f} M parameters, float32 safetensors, max 4096 positions)
+with a byte-level BPE tokenizer of {info['vocab_size']} tokens (`<unk>` 0, `<s>` 1,
+`</s>` 2, `<pad>` 3; the tokenizer prepends `<s>` to every text; BPE merges need
+a pair seen twice, so the vocabulary stops short of the 4096 asked for). Both
+were trained from scratch by `scripts/train_default_model.py` on the vendored
+corpus `{info['corpus']}` (64 topics of CPython 3.11.7's `pydoc_data/topics.py`,
+PSF licence, see `models/corpus/README.md`). It memorises that text (training
+windows of {info['seq_len']} tokens at random offsets, each after `<s>`), so it gives confident,
 prompt-dependent greedy continuations; it is not a useful language model. It
 exists so that benchmarks and correctness tests of the serving stack see real,
 input-dependent outputs, which vLLM's `load_format="dummy"` weights do not give.
