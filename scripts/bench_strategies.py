@@ -42,7 +42,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
 
     rng = random.Random(0)
-    prompts = [[rng.randrange(10, 4000) for _ in range(n)] for n in lengths for _ in range(args.per_length)]
+    prompts = [[rng.randrange(10, 3400) for _ in range(n)] for n in lengths for _ in range(args.per_length)]
     (out / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     ceiling_before = copy_ceiling_gbps(args.device)
     print(f"copy ceiling before: {ceiling_before:.2f} GB/s", flush=True)

@@ -222,7 +222,9 @@ def main() -> int:
 
     lines = []
     p = lines.append
-    p(f"model: {args.model}   prompts: {len(PROMPTS)}   block size: {bs}   "
+    shown = Path(args.model).resolve()
+    shown = shown.relative_to(REPO) if shown.is_relative_to(REPO) else shown
+    p(f"model: {shown}   prompts: {len(PROMPTS)}   block size: {bs}   "
       f"greedy tokens: {n_new}   vLLM device: {args.device}")
     p(f"prompt lengths (tokens incl. <s>): min {min(lens)}, median {statistics.median(lens)}, "
       f"max {max(lens)}; <{bs}: {sum(n < bs for n in lens)}, {bs}-{2 * bs - 1}: "

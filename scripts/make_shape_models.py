@@ -69,6 +69,11 @@ def write(name: str, model_type: str, kwargs: dict, desc: str) -> Path:
     cfg = cls(**kwargs)
     cfg.architectures = ["LlamaForCausalLM" if model_type == "llama" else "Qwen2ForCausalLM"]
     cfg.save_pretrained(str(out))
+    # Keys that transformers < 5 reads (transformers 5 writes `dtype` and `rope_parameters`).
+    cj = json.loads((out / "config.json").read_text())
+    cj.setdefault("torch_dtype", kwargs["torch_dtype"])
+    cj.setdefault("rope_theta", kwargs["rope_theta"])
+    (out / "config.json").write_text(json.dumps(cj, indent=2, sort_keys=True) + "\n")
     GenerationConfig(bos_token_id=kwargs["bos_token_id"], eos_token_id=kwargs["eos_token_id"],
                      pad_token_id=kwargs["pad_token_id"], do_sample=False).save_pretrained(str(out))
     for f in TOKENIZER_FILES:

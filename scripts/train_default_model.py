@@ -263,11 +263,26 @@ def main() -> int:
         "torch": torch.__version__,
         "python": sys.version.split()[0],
     }
+    add_compat_keys(out)
     (out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
     write_card(out, info)
     print(json.dumps(info, indent=2))
     print(f"done in {total_s:.1f}s -> {out}")
     return 0
+
+
+def add_compat_keys(out: Path) -> None:
+    """Add the keys older transformers/vLLM versions read (transformers 5 writes
+    `dtype`, `rope_parameters` and the class name `TokenizersBackend`)."""
+    p = out / "config.json"
+    cfg = json.loads(p.read_text())
+    cfg.setdefault("torch_dtype", cfg.get("dtype", "float32"))
+    cfg.setdefault("rope_theta", cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
+    p.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    p = out / "tokenizer_config.json"
+    tcfg = json.loads(p.read_text())
+    tcfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    p.write_text(json.dumps(tcfg, indent=2, sort_keys=True) + "\n")
 
 
 CHECK_BEGIN = "<!-- check-results:begin -->"
@@ -301,6 +316,9 @@ input-dependent outputs, which vLLM's `load_format="dummy"` weights do not give.
 Made with:
 
     python scripts/train_default_model.py --out models/tiny-llama --seed {info['seed']}
+
+Two runs on the same machine gave bit-identical files; another torch version or
+CPU may change the last bits of the weights.
 
 | | |
 | --- | --- |

@@ -22,7 +22,7 @@ N_LAYERS = json.loads((ROOT / "models" / "tiny-llama" / "config.json").read_text
 
 def edge_prompts(block: int = BLOCK) -> list[list[int]]:
     rng = random.Random(1)
-    tok = lambda n: [rng.randrange(10, 4000) for _ in range(n)]  # noqa: E731
+    tok = lambda n: [rng.randrange(10, 3400) for _ in range(n)]  # noqa: E731
     prefix = tok(2 * block)
     return [tok(1), tok(5), prefix + tok(9), tok(block), tok(block + 1), tok(block - 1), tok(150),
             tok(2 * block + 1), prefix + tok(7)]
