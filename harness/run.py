@@ -95,9 +95,10 @@ def engine_args(cfg: DictConfig, device: str) -> dict:
                 load_format=cfg.model.load_format, block_size=e.block_size, max_model_len=e.max_model_len,
                 enforce_eager=e.enforce_eager, seed=e.seed, enable_prefix_caching=e.prefix_caching,
                 max_num_seqs=e.max_num_seqs, disable_log_stats=True)
+    # A fixed KV size, the same for every engine (on a GPU, vLLM's own profiling would count the
+    # other engines starting beside it)
+    args["kv_cache_memory_bytes"] = int(e.kv_cache_gib * 2**30)
     if device == "cuda":
-        # A fixed KV size: vLLM's profiling would count the other engines starting on the same GPU
-        args["kv_cache_memory_bytes"] = int(e.kv_cache_gib * 2**30)
         args["gpu_memory_utilization"] = e.gpu_memory_utilization
     args.update(OmegaConf.to_container(e.extra, resolve=True))
     return args
@@ -110,7 +111,6 @@ def engine_env(cfg: DictConfig, device: str, gpu: int) -> dict:
     if Path(str(cfg.model.path)).is_dir():
         env["HF_HUB_OFFLINE"] = "1"
     if device == "cpu":
-        env["VLLM_CPU_KVCACHE_SPACE"] = str(cfg.engine.kv_cache_gib)
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # engines share the cores
     else:
         # Own GPU first (vLLM uses cuda:0), the others visible too, so that a staging buffer shared

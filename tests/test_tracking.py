@@ -2,6 +2,7 @@
 the summary metrics and the per-request table."""
 
 import json
+import time
 
 import pytest
 from omegaconf import OmegaConf
@@ -29,8 +30,12 @@ def test_wandb_offline_run_has_summary_and_table(tmp_path, monkeypatch):
     assert len(runs) == 1
     run = runs[0]
     (log,) = run.glob("run-*.wandb")  # wandb's binary log: config, summary and history records
+    keys = (b"match_rate", b"ttft_ms_p50", b"timings/startup_s", b"fused", b"requests")
+    deadline = time.monotonic() + 20  # wandb's service may still be writing its last records
+    while not all(k in log.read_bytes() for k in keys) and time.monotonic() < deadline:
+        time.sleep(0.5)
     raw = log.read_bytes()
-    for key in (b"match_rate", b"ttft_ms_p50", b"timings/startup_s", b"fused", b"requests"):
+    for key in keys:
         assert key in raw, key
     (table,) = run.glob("files/media/table/requests_*.table.json")
     t = json.loads(table.read_text())
