@@ -112,6 +112,10 @@ def engine_env(cfg: DictConfig, device: str, gpu: int) -> dict:
         env["HF_HUB_OFFLINE"] = "1"
     if device == "cpu":
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # engines share the cores
+        # OpenMP threads otherwise spin for up to 200 ms after each parallel region, starving
+        # the other engines (and the KV receiver thread) on a machine with few cores
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+        env["KMP_BLOCKTIME"] = "0"
     else:
         # Own GPU first (vLLM uses cuda:0), the others visible too, so that a staging buffer shared
         # through CUDA IPC from another GPU is read over NVLink peer access.
