@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import socket
 import sys
 import time
 import uuid
@@ -24,6 +23,7 @@ from harness.engine_process import EngineDied, EngineProcess, next_events, wait_
 from harness.records import PROJECT_ROOT, JsonlWriter, format_table, read_jsonl, summarize, versions, write_json
 from harness.tracking import make_tracker
 from harness.workload import Prompt, Workload, WorkloadError
+from transfer_strategies.transport import shm_name
 
 
 class ConfigError(ValueError):
@@ -82,12 +82,6 @@ def load_connector(strategy: DictConfig) -> type:
     return cls
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # ---------------------------------------------------------------------- engines
 def engine_args(cfg: DictConfig, device: str) -> dict:
     e = cfg.engine
@@ -126,9 +120,9 @@ def engine_env(cfg: DictConfig, device: str, gpu: int) -> dict:
     return env
 
 
-def transfer_config(cfg: DictConfig, role: str, port: int, stats_path: Path) -> dict:
+def transfer_config(cfg: DictConfig, role: str, rendezvous: Path, stats_path: Path) -> dict:
     s = cfg.strategy
-    extra = {"port": port, "host": "127.0.0.1", "stats_path": str(stats_path), "verify": bool(s.verify),
+    extra = {"rendezvous": str(rendezvous), "host": "127.0.0.1", "stats_path": str(stats_path), "verify": bool(s.verify),
              "timeout_s": cfg.run.transfer_timeout_s, **OmegaConf.to_container(s.params, resolve=True)}
     out = {"kv_connector": s.connector, "kv_role": role, "kv_connector_extra_config": extra}
     if s.module:  # None: one of vLLM's own connectors
@@ -271,14 +265,15 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     write_json(run_dir / "meta.json", meta)
     ceiling = copy_ceiling_gbps(device)  # before the engines start: the machine is quiet
     args = engine_args(cfg, device)
-    port = free_port()
+    rendezvous = run_dir / "kv-channel.port"  # the prefill worker writes the port it bound
+    rendezvous.unlink(missing_ok=True)
     stats_paths = (run_dir / "prefill-transfers.jsonl", run_dir / "decode-transfers.jsonl")
     tag = uuid.uuid4().hex[:6]
     specs = {
         "baseline": (dict(args), cfg.device.baseline_gpu),
-        "prefill": (dict(args, kv_transfer_config=transfer_config(cfg, "kv_producer", port, stats_paths[0])),
+        "prefill": (dict(args, kv_transfer_config=transfer_config(cfg, "kv_producer", rendezvous, stats_paths[0])),
                     cfg.device.prefill_gpu),
-        "decode": (dict(args, kv_transfer_config=transfer_config(cfg, "kv_consumer", port, stats_paths[1])),
+        "decode": (dict(args, kv_transfer_config=transfer_config(cfg, "kv_consumer", rendezvous, stats_paths[1])),
                    cfg.device.decode_gpu),
     }
     engines: dict[str, EngineProcess] = {}
@@ -344,7 +339,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         for e in engines.values():
             e.stop(grace_s=10 if status == "ok" else 1)
         timings["shutdown_s"] = time.monotonic() - t0
-        Path(f"/dev/shm/kvh-{port}").unlink(missing_ok=True)  # a killed prefill engine cannot remove it
+        if rendezvous.exists():  # a killed prefill engine cannot remove its staging buffer
+            Path("/dev/shm", shm_name(int(rendezvous.read_text()))).unlink(missing_ok=True)
         base_out.close()
         req_out.close()
 

@@ -177,7 +177,7 @@ class TransferConnector(KVConnectorBase_V1):
         self.block_dim = dims[0]
         self.device = self.kv_layers[0].device
         rank = 0 if self.is_producer else 1
-        self.channel = open_channel(rank, self.params.get("host", "127.0.0.1"), int(self.params["port"]),
+        self.channel = open_channel(rank, self.params.get("host", "127.0.0.1"), self.params["rendezvous"],
                                     self.device, float(self.params.get("timeout_s", 300)), self.params)
         self._exchange_layout()
 

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import pickle
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -63,6 +65,16 @@ def _decode_header(buf: torch.Tensor) -> dict:
     return json.loads(raw)
 
 
+def _wait_for_port(rendezvous: str, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return int(open(rendezvous).read())
+        except (FileNotFoundError, ValueError):
+            time.sleep(0.05)
+    raise TimeoutError(f"the prefill worker did not publish its KV channel port in {rendezvous} within {timeout_s:.0f} s")
+
+
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """A flat uint8 view of a contiguous tensor (no copy)."""
     return t.contiguous().view(-1).view(torch.uint8)
@@ -71,14 +83,28 @@ def as_bytes(t: torch.Tensor) -> torch.Tensor:
 class Channel:
     """One-directional message channel, rank 0 sends and rank 1 receives."""
 
-    def __init__(self, rank: int, host: str, port: int, backend: str = "gloo",
+    def __init__(self, rank: int, host: str, rendezvous: str, backend: str = "gloo",
                  device: str = "cpu", timeout_s: float = 300.0):
+        """rendezvous: a file through which the sender tells the receiver its port. The sender
+        binds a free port itself and keeps it, so no other process can take it in between."""
         from vllm.distributed.utils import stateless_init_torch_distributed_process_group
 
         kwargs = {}
         if "timeout" in inspect.signature(stateless_init_torch_distributed_process_group).parameters:
             kwargs["timeout"] = timedelta(seconds=timeout_s)
-        self.pg = stateless_init_torch_distributed_process_group(host, port, rank, 2, backend, **kwargs)
+        if rank == 0:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sock.listen()
+            self.port = sock.getsockname()[1]
+            tmp = f"{rendezvous}.tmp"
+            with open(tmp, "w") as f:
+                f.write(str(self.port))
+            os.replace(tmp, rendezvous)
+            kwargs["listen_socket"] = sock
+        else:
+            self.port = _wait_for_port(rendezvous, timeout_s)
+        self.pg = stateless_init_torch_distributed_process_group(host, self.port, rank, 2, backend, **kwargs)
         self.rank = rank
         self.device = torch.device(device)
         self.timeout_s = timeout_s
@@ -175,13 +201,13 @@ class StagedChannel(Channel):
 
     _ACK_TAG = 8
 
-    def __init__(self, rank: int, host: str, port: int, device: torch.device, timeout_s: float,
+    def __init__(self, rank: int, host: str, rendezvous: str, device: torch.device, timeout_s: float,
                  buffer_bytes: int):
-        super().__init__(rank, host, port, "gloo", "cpu", timeout_s)
+        super().__init__(rank, host, rendezvous, "gloo", "cpu", timeout_s)
         self.staging_device = device
         self._shm = None
         if rank == 0:
-            self.staging, handle = self._create(device, buffer_bytes, f"kvh-{port}")
+            self.staging, handle = self._create(device, buffer_bytes, shm_name(self.port))
             self._head = 0  # bump allocator; rewinds when every region has been acknowledged
             self._live = 0
             blob = pickle.dumps(handle)
@@ -294,14 +320,20 @@ class StagedChannel(Channel):
             self.pg.send([torch.tensor([n], dtype=torch.int64)], 0, self._ACK_TAG).wait()
 
 
-def open_channel(rank: int, host: str, port: int, device: torch.device, timeout_s: float,
+def shm_name(port: int) -> str:
+    """The CPU staging buffer's name in /dev/shm (the harness removes it if an engine was killed)."""
+    return f"kvh-{port}"
+
+
+def open_channel(rank: int, host: str, rendezvous: str, device: torch.device, timeout_s: float,
                  params: dict | None = None) -> Channel:
     params = params or {}
     transport = params.get("transport", "staged")
     if transport == "gloo" and device.type == "cpu":
-        return Channel(rank, host, port, "gloo", "cpu", timeout_s)
+        return Channel(rank, host, rendezvous, "gloo", "cpu", timeout_s)
     if transport == "staged" and device.type in ("cpu", "cuda"):
         default_mb = 1024 if device.type == "cpu" else 4096
-        return StagedChannel(rank, host, port, device, timeout_s, int(params.get("staging_mb", default_mb)) * 2**20)
+        return StagedChannel(rank, host, rendezvous, device, timeout_s,
+                             int(params.get("staging_mb", default_mb)) * 2**20)
     raise ValueError(f"no KV transport {transport!r} for device type {device.type!r}: use "
                      f"strategy.params.transport=staged (shared memory on CPU, CUDA IPC on GPU) or gloo (CPU)")
