@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-COLUMNS = ["job", "status", "strategy", "model", "workload", "requests", "match_rate", "digest_failures",
+COLUMNS = ["job", "overrides", "status", "strategy", "model", "workload", "requests", "match_rate", "digest_failures",
            "ttft_ms_p50", "base_ttft_ms_p50", "e2e_ms_p50", "transfer_ms_p50", "bytes_p50", "transfer_gbps"]
 
 
@@ -22,6 +22,9 @@ def sweep_rows(sweep_dir: Path) -> list[dict]:
             s = {"status": "failed (no summary.json)"}
         else:
             continue
+        overrides = job / ".hydra" / "overrides.yaml"
+        s["overrides"] = (" ".join(OmegaConf.to_container(OmegaConf.load(overrides)))
+                          if overrides.exists() else None)
         rows.append({"job": job.name, **{k: s.get(k) for k in COLUMNS if k != "job"}})
     return rows
 

@@ -85,7 +85,8 @@ def test_config_composes_with_every_group():
 
 
 def _fake_run(d: Path, status="ok"):
-    d.mkdir(parents=True)
+    (d / ".hydra").mkdir(parents=True)
+    (d / ".hydra" / "overrides.yaml").write_text("- strategy=fused\n- workload.prompt_len=64\n")
     (d / "meta.json").write_text(json.dumps({"versions": {"vllm": "0.32.0", "torch": "2.13", "git_sha": "abc"}}))
     (d / "summary.json").write_text(json.dumps({"status": status, "strategy": "fused", "requests": 1,
                                                 "timings": {"startup_s": 3.0}}))
@@ -101,4 +102,5 @@ def test_results_load_into_pandas_and_sweep_table(tmp_path):
     assert list(runs["timings.startup_s"]) == [3.0, 3.0]
     rows = sweep_rows(tmp_path / "sweep")
     assert [r["status"] for r in rows] == ["ok", "engine_failed"]
+    assert rows[0]["overrides"] == "strategy=fused workload.prompt_len=64"
     assert "engine_failed" in format_rows(rows)
