@@ -57,7 +57,7 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
         llm = LLM(**engine_args)
         # The first requests pay one-off costs (kernel selection, allocator growth): keep them
         # out of the measurements. No kv_transfer_params, so no connector moves anything.
-        for n in (3, 40, 100):
+        for n in (n for n in (3, 40, 100) if n + 3 <= engine_args.get("max_model_len", 103)):
             llm.generate([{"prompt_token_ids": [(7 * i) % 97 + 3 for i in range(n)]}],
                          SamplingParams(max_tokens=3, ignore_eos=True, detokenize=False, logprobs=1), use_tqdm=False)
         engine = llm.llm_engine
