@@ -86,7 +86,6 @@ class TransferConnector(KVConnectorBase_V1):
         self.corrupt = bool(self.params.get("corrupt", False))  # negative control, see `scatter`
         # scheduler-side state
         self._sends: dict[str, TransferRequest] = {}
-        self._prompt_len: dict[str, int] = {}
         self._local_hits: dict[str, int] = {}
         self._loads: list[TransferRequest] = []
         # worker-side state, set in register_kv_caches
@@ -114,7 +113,6 @@ class TransferConnector(KVConnectorBase_V1):
             return
         n_tok = len(request.prompt_token_ids) - 1
         if self.is_producer:
-            self._prompt_len[request.request_id] = len(request.prompt_token_ids)
             self._sends[request.request_id] = TransferRequest(tid, request.request_id, [], n_tok)
             return
         # decode: every request with a transfer id takes its message, even when nothing is
@@ -144,16 +142,15 @@ class TransferConnector(KVConnectorBase_V1):
                 progress.append((rid, cached.num_computed_tokens[i]))
         for rid, computed in progress:
             # send once the step that computes the prompt's last token has run (chunked prefill)
-            if computed + scheduler_output.num_scheduled_tokens.get(rid, 0) >= self._prompt_len[rid]:
+            prompt_len = self._sends[rid].num_tokens + 1
+            if computed + scheduler_output.num_scheduled_tokens.get(rid, 0) >= prompt_len:
                 req = self._sends.pop(rid)
-                del self._prompt_len[rid]
                 req.block_ids = req.block_ids[: blocks_for(req.num_tokens, self.block_size)]
                 meta.sends.append(req)
         return meta
 
     def request_finished(self, request, block_ids):
         self._sends.pop(request.request_id, None)
-        self._prompt_len.pop(request.request_id, None)
         return False, None
 
     @staticmethod
