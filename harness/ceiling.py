@@ -1,5 +1,6 @@
-"""The bandwidth ceiling a transfer is judged against: one large tensor copy on the device,
-measured in the same run (bytes copied / time, GB/s = 1e9 B/s)."""
+"""The bandwidth ceiling a transfer is judged against: one large tensor copy, measured in the
+same run (bytes copied / time, GB/s = 1e9 B/s): within one device, or from one GPU to another
+(peer copy over NVLink or PCIe)."""
 
 from __future__ import annotations
 
@@ -7,15 +8,21 @@ import statistics
 import time
 
 
-def copy_ceiling_gbps(device: str = "cpu", nbytes: int | None = None, repeats: int = 7) -> float:
+def copy_ceiling_gbps(device: str = "cpu", nbytes: int | None = None, repeats: int = 7,
+                      to_device: str | None = None) -> float:
     import torch
 
     nbytes = nbytes or (1 << 30 if device.startswith("cuda") else 256 << 20)
     src = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=to_device or device)
+
+    def sync():
+        if device.startswith("cuda"):
+            for d in {src.device, dst.device}:
+                torch.cuda.synchronize(d)
+
     times = []
-    for _ in range(repeats + 1):  # the first copy pays page faults: dropped
+    for _ in range(repeats + 1):  # the first copy pays page faults and peer mapping: dropped
         sync()
         t0 = time.perf_counter()
         dst.copy_(src)

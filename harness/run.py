@@ -234,6 +234,7 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
         "kv_cache_bytes": send.get("kv_cache_bytes"),
         "skip_blocks": recv.get("skip_blocks"), "send_ms": send.get("send_ms"), "transfer_ms": transfer_ms,
         "load_ms": recv.get("load_ms"), "ready_ms": recv.get("ready_ms"),
+        "notify_ms": recv.get("notify_ms"),
         "gbps": n_bytes / transfer_ms / 1e6 if n_bytes and transfer_ms else None,
         "token_ids": dec["token_ids"], "base_token_ids": base["token_ids"],
     }

@@ -2,13 +2,21 @@
 in the same run.
 
     python scripts/bench_strategies.py [--lengths 32,128,512,1024,2048] [--per-length 3]
-        [--strategies full_cache,per_request_blocks,fused,layerwise] [-- harness overrides ...]
+        [--strategies full_cache,per_request_blocks,fused,layerwise] [--device cpu|cuda]
+        [--two-gpus] [-- harness overrides ...]
 
 One harness run per strategy (its prompts cover every length, one request in flight at a
-time), then one table: bytes, messages, transfer ms, GB/s, share of the copy ceiling, and
-TTFT overhead against the colocated baseline, per strategy and prompt length (medians).
-The ceiling: a large tensor copy on the same device (bytes copied / time), measured before
-and after the runs. Writes table.md and rows.csv next to the runs.
+time), then one table per strategy and prompt length (medians):
+  transfer ms     the sender starts gathering -> the last byte is in the decode engine's memory
+  GB/s, of ceiling  KV bytes / transfer ms, and that as a share of the ceiling
+  notify ms       -> the decode worker has been told (doorbell latency; not in transfer ms)
+  KV ready ms     the sender starts -> the KV is in the decode engine's own blocks
+  TTFT overhead   the first token from the decode engine, against the colocated baseline
+  prefill TTFT overhead  the first token as the prefill engine returns it (the KV has left by
+                  then): what a client sees when a router streams the prefill's token
+The ceiling: a large tensor copy (bytes copied / time) on the same device, or from GPU 0 to
+GPU 1 with --two-gpus, measured before and after the runs; the higher one is used. Writes
+table.md and rows.csv next to the runs.
 """
 
 from __future__ import annotations
@@ -34,6 +42,8 @@ def main() -> int:
     ap.add_argument("--per-length", type=int, default=3)
     ap.add_argument("--strategies", default="full_cache,per_request_blocks,fused,layerwise")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--two-gpus", action="store_true",
+                    help="prefill on GPU 0, decode on GPU 1; the ceiling is a GPU 0 -> GPU 1 peer copy")
     ap.add_argument("--out", default=None)
     ap.add_argument("overrides", nargs="*", help="harness overrides, after --")
     args = ap.parse_args()
@@ -44,7 +54,17 @@ def main() -> int:
     rng = random.Random(0)
     prompts = [[rng.randrange(10, 3400) for _ in range(n)] for n in lengths for _ in range(args.per_length)]
     (out / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-    ceiling_before = copy_ceiling_gbps(args.device)
+    if args.two_gpus:
+        args.device = "cuda"
+        args.overrides = ["device.prefill_gpu=0", "device.decode_gpu=1", "device.baseline_gpu=0", *args.overrides]
+    ceiling_of = "GPU 0 -> GPU 1 peer copy" if args.two_gpus else f"{args.device} copy"
+
+    def ceiling_now() -> float:
+        if args.two_gpus:
+            return copy_ceiling_gbps("cuda:0", to_device="cuda:1")
+        return copy_ceiling_gbps(args.device)
+
+    ceiling_before = ceiling_now()
     print(f"copy ceiling before: {ceiling_before:.2f} GB/s", flush=True)
 
     rows = []
@@ -60,7 +80,7 @@ def main() -> int:
             r["exit_code"] = code
         rows += got
 
-    ceiling_after = copy_ceiling_gbps(args.device)
+    ceiling_after = ceiling_now()
     ceiling = max(ceiling_before, ceiling_after)
     print(f"copy ceiling after: {ceiling_after:.2f} GB/s", flush=True)
 
@@ -68,11 +88,13 @@ def main() -> int:
         vals = [r[k] for r in rs if r.get(k) is not None]
         return statistics.median(vals) if vals else None
 
-    lines = [f"copy ceiling (same run, {args.device}): {ceiling:.2f} GB/s "
+    lines = [f"ceiling ({ceiling_of}, same run): {ceiling:.2f} GB/s "
              f"(before {ceiling_before:.2f}, after {ceiling_after:.2f})", "",
-             "| strategy | prompt | KV bytes moved | messages | transfer ms | GB/s | of ceiling | TTFT overhead ms | match | digests |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    csv = ["strategy,prompt_len,bytes,messages,transfer_ms,gbps,ceiling_share,ttft_overhead_ms,match_rate,digest_ok"]
+             "| strategy | prompt | KV bytes moved | messages | transfer ms | GB/s | of ceiling | notify ms | KV ready ms "
+             "| TTFT ms (baseline) | TTFT overhead | prefill TTFT overhead | match | digests |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    csv = ["strategy,prompt_len,bytes,messages,transfer_ms,gbps,ceiling_share,notify_ms,ready_ms,ttft_ms,"
+           "base_ttft_ms,ttft_overhead_ms,prefill_ttft_overhead_ms,match_rate,digest_ok"]
     for strategy in args.strategies.split(","):
         for n in lengths:
             rs = [r for r in rows if r["strategy"] == strategy and r["prompt_len"] == n]
@@ -82,10 +104,18 @@ def main() -> int:
             share = gbps / ceiling if gbps else None
             match = sum(bool(r["match"]) for r in rs) / len(rs)
             digest = all(r["digest_match"] for r in rs)
-            vals = [med(rs, "bytes"), med(rs, "messages"), med(rs, "transfer_ms"), gbps, share,
-                    med(rs, "ttft_overhead_ms")]
-            fmt = ["{:.0f}", "{:.0f}", "{:.3f}", "{:.2f}", "{:.2f}", "{:.1f}"]
+            for r in rs:
+                r["prefill_ttft_overhead_ms"] = r["prefill_ms"] - r["base_ttft_ms"]
+            ttft, base = med(rs, "ttft_ms"), med(rs, "base_ttft_ms")
+            vals = [med(rs, "bytes"), med(rs, "messages"), med(rs, "transfer_ms"), gbps, share, med(rs, "notify_ms"),
+                    med(rs, "ready_ms"), ttft, base, med(rs, "ttft_overhead_ms"), med(rs, "prefill_ttft_overhead_ms")]
+            fmt = ["{:.0f}", "{:.0f}", "{:.3f}", "{:.2f}", "{:.2f}", "{:.3f}", "{:.3f}", "{:.1f}", "{:.1f}", "{:.1f}",
+                   "{:.1f}"]
             cells = [f.format(v) if v is not None else "-" for f, v in zip(fmt, vals)]
+            cells[7:9] = [f"{cells[7]} ({cells[8]})"]
+            for i in (8, 9):  # the overheads also as a share of the baseline's TTFT
+                v = vals[i + 1]
+                cells[i] += f" ({v / base:+.0%})" if v is not None and base else ""
             lines.append(f"| {strategy} | {n} | " + " | ".join(cells) + f" | {match:.0%} | {'ok' if digest else 'FAIL'} |")
             csv.append(",".join([strategy, str(n), *[str(v) for v in vals], str(match), str(digest)]))
     table = "\n".join(lines)

@@ -2,7 +2,8 @@
 # GPU runs on the device machine (one H200, vLLM 0.26 from ../shared/gpu's bundle, already
 # installed and sourced). Writes logs and result tables under $OUT (default results/gpu).
 #   bash scripts/gpu_run.sh check    # default model: fused and per_request_blocks match the baseline
-#   bash scripts/gpu_run.sh bench    # Llama-3-8B shape, 512/2k/8k tokens, every strategy, one GPU
+#   bash scripts/gpu_run.sh bench    # Llama-3-8B shape, 512/2k/8k/16k tokens, one GPU
+#   bash scripts/gpu_run.sh bench2   # the same with prefill on GPU 0 and decode on GPU 1
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-results/gpu}   # run directories
@@ -18,10 +19,13 @@ case "${1:-check}" in
         workload.num_prompts=6 workload.concurrency=2 "hydra.run.dir=$RUNS/check-$s" "${@:2}" 2>&1 | tail -14
       cp "$RUNS/check-$s/summary.json" "$OUT/check-$s.summary.json" 2>/dev/null
     done ;;
-  bench)
-    python3 scripts/bench_strategies.py --device cuda --lengths 512,2048,8192 --per-length 3 \
-      --strategies "${STRATEGIES:-fused,layerwise,per_request_blocks}" --out "$RUNS/bench" -- \
-      model=llama3_8b_shape engine.gpu_memory_utilization=0.28 "${@:2}" 2>&1 | grep -v "^\[" | tail -30
-      cp "$RUNS/bench/table.md" "$OUT/bench-table.md" 2>/dev/null
-      cp "$RUNS/bench/rows.csv" "$OUT/bench-rows.csv" 2>/dev/null ;;
+  bench|bench2)
+    name=$1; two=(); [ "$1" = bench2 ] && two=(--two-gpus)
+    python3 scripts/bench_strategies.py --device cuda "${two[@]}" --lengths "${LENGTHS:-512,2048,8192,16384}" \
+      --per-length "${PER_LENGTH:-2}" --strategies "${STRATEGIES:-fused,layerwise,per_request_blocks}" \
+      --out "$RUNS/$name" -- model=llama3_8b_shape engine.gpu_memory_utilization=0.28 engine.kv_cache_gib=16 \
+      "${@:2}" 2>&1 | grep -v "^\[" | tail -40
+    cp "$RUNS/$name/table.md" "$OUT/$name-table.md" 2>/dev/null
+    cp "$RUNS/$name/rows.csv" "$OUT/$name-rows.csv" 2>/dev/null
+    for s in $RUNS/$name/*/requests.jsonl; do cp "$s" "$OUT/$name-$(basename "$(dirname "$s")")-requests.jsonl"; done ;;
 esac

@@ -25,6 +25,7 @@ Both sides move the blocks holding prompt tokens [0, prompt_len - 1), so their c
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
@@ -71,6 +72,51 @@ class TransferMetadata(KVConnectorMetadata):
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
     return math.ceil(num_tokens / block_size) if num_tokens > 0 else 0
+
+
+def in_memory_order(t: torch.Tensor) -> torch.Tensor:
+    """A view of t with its axes in memory order (largest stride first). Some GPU backends
+    allocate the KV cache in one axis order and hand it out permuted; in memory order every
+    per-block slice is contiguous, and both engines agree on the bytes of a block."""
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    view = t.permute(order)
+    return view if view.is_contiguous() else t
+
+
+def block_runs(block_ids: list[int]) -> list[tuple[int, int]]:
+    """Consecutive block ids as (first, count) runs: [4, 5, 6, 9] -> [(4, 3), (9, 1)]."""
+    runs: list[tuple[int, int]] = []
+    for b in block_ids:
+        if runs and b == runs[-1][0] + runs[-1][1]:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((b, 1))
+    return runs
+
+
+def _starts(runs: list[tuple[int, int]], dst: bool) -> list[tuple[int, int, int]]:
+    """(dst start, src start, count) per run, the runs being on the dst side or the src side
+    and the other side holding the blocks packed in order."""
+    out, at = [], 0
+    for first, n in runs:
+        out.append((first, at, n) if dst else (at, first, n))
+        at += n
+    return out
+
+
+def _copy_runs(dst: torch.Tensor, src: torch.Tensor, pairs: list[tuple[int, int, int]], dim: int) -> None:
+    # Split off the axes before the block axis (K/V in some GPU layouts) so that every copy is
+    # one contiguous range: a plain memcpy, also between GPUs.
+    for lead in itertools.product(*(range(n) for n in dst.shape[:dim])):
+        d, s = dst[lead], src[lead]
+        for d0, s0, n in pairs:
+            d.narrow(0, d0, n).copy_(s.narrow(0, s0, n))
+
+
+def _few(runs: list, block_ids: list) -> bool:
+    # A slice copy per run beats one indexed copy when runs are long; with many short runs the
+    # launches (on a GPU) cost more than the indexed kernel's slower element loop.
+    return len(runs) <= max(4, len(block_ids) // 8)
 
 
 class TransferConnector(KVConnectorBase_V1):
@@ -162,10 +208,10 @@ class TransferConnector(KVConnectorBase_V1):
     # ------------------------------------------------------------------ worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
         self.layer_names = list(kv_caches)
-        self.kv_layers = [kv_caches[n] for n in self.layer_names]
-        for t in self.kv_layers:
-            if not isinstance(t, torch.Tensor):
-                raise NotImplementedError(f"KV cache of type {type(t).__name__}: expected one tensor per layer")
+        for name in self.layer_names:
+            if not isinstance(kv_caches[name], torch.Tensor):
+                raise NotImplementedError(f"KV cache of type {type(kv_caches[name]).__name__}: expected one tensor per layer")
+        self.kv_layers = [in_memory_order(kv_caches[n]) for n in self.layer_names]
         num_blocks = self._kv_cache_config.num_blocks
         # The attention backend decides the layout; the block axis is the one sized num_blocks.
         dims = [d for d, s in enumerate(self.kv_layers[0].shape) if s == num_blocks]
@@ -173,10 +219,18 @@ class TransferConnector(KVConnectorBase_V1):
             raise RuntimeError(f"no axis of size num_blocks={num_blocks} in KV shape {tuple(self.kv_layers[0].shape)}")
         self.block_dim = dims[0]
         self.device = self.kv_layers[0].device
+        self._set_pieces()
         rank = 0 if self.is_producer else 1
         self.channel = open_channel(rank, self.params.get("host", "127.0.0.1"), self.params["rendezvous"],
                                     self.device, float(self.params.get("timeout_s", 300)), self.params)
         self._exchange_layout()
+
+    def _set_pieces(self) -> None:
+        # Each layer's KV split along the axes before the block axis (K/V on some GPU backends):
+        # contiguous pieces with blocks first, in the order of `layer_shape`'s elements.
+        self._pieces = [t[lead] for t in self.kv_layers
+                        for lead in itertools.product(*(range(n) for n in t.shape[:self.block_dim]))]
+        self._batched = all(p.is_contiguous() for p in self._pieces)
 
     def _layout(self) -> dict:
         shape = list(self.kv_layers[0].shape)
@@ -201,9 +255,53 @@ class TransferConnector(KVConnectorBase_V1):
         return t.numel() // t.shape[self.block_dim] * t.element_size()
 
     def gather(self, layer: int, block_ids: list[int], out: torch.Tensor | None = None) -> torch.Tensor:
-        """This engine's blocks `block_ids` of one layer, in `layer_shape(len(block_ids))`."""
-        idx = torch.tensor(block_ids, dtype=torch.long, device=self.device)
-        return torch.index_select(self.kv_layers[layer], self.block_dim, idx, out=out)
+        """This engine's blocks `block_ids` of one layer, in `layer_shape(len(block_ids))`. `out` may
+        live on another device (a peer GPU's staging buffer): the copy then crosses the link."""
+        src = self.kv_layers[layer]
+        if out is None:
+            out = torch.empty(self.layer_shape(len(block_ids)), dtype=src.dtype, device=src.device)
+        runs = block_runs(block_ids)
+        if _few(runs, block_ids):  # mostly consecutive blocks: one contiguous copy per run, at copy speed
+            _copy_runs(out, src, _starts(runs, dst=False), self.block_dim)
+            return out
+        idx = torch.tensor(block_ids, dtype=torch.long, device=src.device)
+        if out.device == src.device:
+            return torch.index_select(src, self.block_dim, idx, out=out)
+        return out.copy_(torch.index_select(src, self.block_dim, idx))
+
+    def gather_layers(self, block_ids: list[int], out: torch.Tensor) -> torch.Tensor:
+        """Blocks `block_ids` of every layer into out, [layers, *layer_shape(len(block_ids))].
+        Consecutive blocks go in one batched copy for all layers: launching a copy per layer and
+        K/V costs more than the copying on a GPU (64 launches took 0.96 ms, the bytes 0.53)."""
+        runs = block_runs(block_ids)
+        if not block_ids:
+            return out
+        if self._batched and out.device == self.device and _few(runs, block_ids):
+            rest = self.kv_layers[0].shape[self.block_dim + 1:]
+            torch.cat([p.narrow(0, first, n) for p in self._pieces for first, n in runs], out=out.view(-1, *rest))
+            return out
+        for layer in range(len(self.kv_layers)):
+            self.gather(layer, block_ids, out=out[layer])
+        return out
+
+    def scatter_layers(self, req: TransferRequest, layers: torch.Tensor) -> None:
+        """The inverse of `gather_layers`: every layer's received blocks into this engine's
+        blocks, the prefix-cache hits left alone."""
+        ids = req.block_ids[req.skip_blocks:]
+        runs = block_runs(ids)
+        if self._batched and ids and layers.device == self.device and _few(runs, ids) and not self.corrupt:
+            rest = self.kv_layers[0].shape[self.block_dim + 1:]
+            src = layers.narrow(1 + self.block_dim, req.skip_blocks, len(ids)).reshape(-1, *rest)
+            sizes = [n for _ in self._pieces for _, n in runs]
+            torch.split_with_sizes_copy(src, sizes, out=[p.narrow(0, first, n) for p in self._pieces
+                                                          for first, n in runs])
+            return
+        for layer in range(len(self.kv_layers)):
+            self.scatter(req, layer, layers[layer])
+
+    def gather_to_send(self, layer: int, block_ids: list[int]) -> torch.Tensor:
+        """`gather` straight into the channel's send space (no copy between gather and send)."""
+        return self.gather(layer, block_ids, out=self.empty(n_blocks=len(block_ids)))
 
     def scatter(self, req: TransferRequest, layer: int, src: torch.Tensor, start: int = 0) -> None:
         """Write received blocks [start, start + k) of a request (k = src's block count) into this
@@ -216,8 +314,14 @@ class TransferConnector(KVConnectorBase_V1):
         if self.corrupt and layer == 0 and lo == 0:
             src = src.clone()  # negative control: this request's first block arrives with its signs flipped
             src.narrow(self.block_dim, 0, 1).neg_()
-        idx = torch.tensor(req.block_ids[lo:start + k], dtype=torch.long, device=self.device)
-        self.kv_layers[layer].index_copy_(self.block_dim, idx, src)
+        dst_ids = req.block_ids[lo:start + k]
+        dst = self.kv_layers[layer]
+        runs = block_runs(dst_ids)
+        if _few(runs, dst_ids):
+            _copy_runs(dst, src, _starts(runs, dst=True), self.block_dim)
+            return
+        idx = torch.tensor(dst_ids, dtype=torch.long, device=self.device)
+        dst.index_copy_(self.block_dim, idx, src.to(self.device))
 
     def layer_shape(self, n_blocks: int) -> list[int]:
         """Shape of n_blocks blocks of one layer, as `gather` returns them."""
@@ -282,8 +386,11 @@ class TransferConnector(KVConnectorBase_V1):
             self.end_send(req)
 
     # timing, counting, digests ---------------------------------------------------
-    def begin_send(self, req: TransferRequest) -> None:
-        self._sync()  # the forward pass may still be computing this KV: start the clock when it is there
+    def begin_send(self, req: TransferRequest, sync: bool = True) -> None:
+        """Start the clock; by default once the forward pass has finished computing this KV.
+        Streaming strategies pass sync=False from inside the forward pass, not to stall it."""
+        if sync:
+            self._sync()
         req.t_start = time.monotonic()
 
     def end_send(self, req: TransferRequest) -> None:
@@ -301,9 +408,11 @@ class TransferConnector(KVConnectorBase_V1):
         self.channel.release(req.transfer_id)
         msgs = req.received
         sent_at = msgs[0].meta.get("t0", req.t_start) if msgs else req.t_start
+        delivered = max((m.delivered for m in msgs), default=req.t_start)
         arrived = max((m.arrived for m in msgs), default=req.t_start)
         self.record(req, "receive", bytes=sum(m.payload.numel() for m in msgs), messages=len(msgs),
-                    transfer_ms=(arrived - sent_at) * 1e3,  # sender starts gathering -> last byte here
+                    transfer_ms=(delivered - sent_at) * 1e3,  # sender starts gathering -> last byte in our memory
+                    notify_ms=(arrived - delivered) * 1e3,  # -> this worker has been told (doorbell latency)
                     load_ms=(t_end - req.t_start) * 1e3,  # decode step blocked on KV (wait + scatter)
                     ready_ms=(t_end - sent_at) * 1e3)  # sender starts -> KV in this engine's blocks
 

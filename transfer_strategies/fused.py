@@ -12,12 +12,9 @@ from transfer_strategies.base import TransferConnector, TransferRequest
 class FusedConnector(TransferConnector):
     def send(self, req: TransferRequest) -> None:
         buf = self.empty(len(self.kv_layers), n_blocks=len(req.block_ids))
-        for layer in range(len(self.kv_layers)):
-            self.gather(layer, req.block_ids, out=buf[layer])
+        self.gather_layers(req.block_ids, out=buf)
         self.post(req, 0, 1, buf)
 
     def receive(self, req: TransferRequest) -> None:
         (msg,) = self.collect(req)
-        layers = self.view_payload(msg.payload, len(self.kv_layers), n_blocks=len(req.block_ids))
-        for layer in range(len(self.kv_layers)):
-            self.scatter(req, layer, layers[layer])
+        self.scatter_layers(req, self.view_payload(msg.payload, len(self.kv_layers), n_blocks=len(req.block_ids)))

@@ -25,8 +25,8 @@ class LayerwiseConnector(TransferConnector):
         layer = self.layer_index[layer_name]
         for req in sends:
             if layer == 0:
-                self.begin_send(req)
-            self.post(req, layer, len(self.kv_layers), self.gather(layer, req.block_ids))
+                self.begin_send(req, sync=False)
+            self.post(req, layer, len(self.kv_layers), self.gather_to_send(layer, req.block_ids))
 
     def wait_for_save(self) -> None:
         if not self.has_connector_metadata():
@@ -38,7 +38,7 @@ class LayerwiseConnector(TransferConnector):
             if req.messages == 0:  # the forward pass ran no attention layer for it
                 self.begin_send(req)
                 for layer in range(len(self.kv_layers)):
-                    self.post(req, layer, len(self.kv_layers), self.gather(layer, req.block_ids))
+                    self.post(req, layer, len(self.kv_layers), self.gather_to_send(layer, req.block_ids))
             self.end_send(req)
 
     # decode side

@@ -21,14 +21,14 @@ class PerRequestBlocksConnector(TransferConnector):
         n_layers, n_blocks = len(self.kv_layers), len(req.block_ids)
         if not self.per_block:
             for layer in range(n_layers):
-                self.post(req, layer, n_layers, self.gather(layer, req.block_ids))
+                self.post(req, layer, n_layers, self.gather_to_send(layer, req.block_ids))
             return
         count = n_layers * n_blocks
         if count == 0:  # nothing to move: one empty message still tells the receiver so
             self.post(req, 0, 1, self.empty(n_blocks=0))
         for layer in range(n_layers):
             for j, block in enumerate(req.block_ids):
-                self.post(req, layer * n_blocks + j, count, self.gather(layer, [block]))
+                self.post(req, layer * n_blocks + j, count, self.gather_to_send(layer, [block]))
 
     def receive(self, req: TransferRequest) -> None:
         msgs = self.collect(req)

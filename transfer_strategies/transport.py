@@ -1,20 +1,22 @@
 """The wire between a prefill worker and a decode worker.
 
-One `Channel` per (prefill worker, decode worker) pair. The prefill side sends messages;
-the decode side runs one receiver thread that posts receives back to back and parks each
-message under its transfer id until the decode engine needs it. That is the seed's push
-model: the sender never waits for the decode engine to ask for a request's KV.
+One channel per (prefill worker, decode worker) pair. The prefill side sends messages; the
+decode side runs one receiver thread that parks each message under its transfer id until the
+decode engine needs it. That is the seed's push model: the sender never waits for the decode
+engine to ask for a request's KV.
 
-Every message is a fixed-size JSON header (transfer id, index, count, byte size, send
-timestamp) followed by a flat uint8 payload, so a strategy can send tensors of any dtype
-and shape; the receiver views the bytes back as the dtype and shape it expects.
+A message is a small JSON header (transfer id, index, count, byte size, timestamps) and a
+flat uint8 payload, so a strategy can send tensors of any dtype and shape; the receiver views
+the bytes back as the dtype and shape it expects.
 
 Backends (`open_channel`, chosen by strategy.params.transport):
-  staged (default)  `StagedChannel`: the sender shares one staging buffer once, shared memory on
-                    CPU or CUDA IPC on a GPU (both engines on one GPU, where NCCL refuses two
-                    ranks), writes each payload there (strategies build payloads in it directly),
-                    and the gloo header says where; the receiver reads the bytes in place.
-  gloo (CPU)        `Channel`: headers and payloads both over gloo's TCP sockets.
+  staged (default)  `StagedChannel`: the receiver allocates one staging buffer in its own memory
+                    (shared memory on CPU, CUDA memory shared through CUDA IPC on a GPU) and
+                    maps it into the sender once. The sender writes each payload there
+                    (strategies build payloads in it directly, so on two GPUs the gather itself
+                    crosses NVLink), then rings a doorbell: the header over a local socket. The
+                    receiver reads the bytes in place and acknowledges, which frees the space.
+  gloo (CPU)        `GlooChannel`: headers and payloads both over gloo's TCP sockets.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import inspect
 import json
 import os
 import pickle
+import queue
 import socket
+import struct
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,8 +45,9 @@ class Message:
     index: int
     count: int
     payload: torch.Tensor  # flat uint8
-    meta: dict
-    arrived: float  # time.monotonic() when the payload had fully arrived
+    meta: dict  # the sender's keyword arguments
+    delivered: float  # time.monotonic() when the whole payload was in memory the receiver reads
+    arrived: float  # time.monotonic() when the receiver thread had the message (>= delivered)
 
 
 @dataclass
@@ -51,18 +56,22 @@ class _Inbox:
     count: int | None = None
 
 
-def _encode_header(info: dict) -> torch.Tensor:
-    raw = json.dumps(info).encode()
-    if len(raw) > HEADER_BYTES:
-        raise ValueError(f"message header too large ({len(raw)} > {HEADER_BYTES} bytes)")
-    buf = torch.zeros(HEADER_BYTES, dtype=torch.uint8)
-    buf[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
-    return buf
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """A flat uint8 view of a contiguous tensor (no copy)."""
+    return t.contiguous().view(-1).view(torch.uint8)
 
 
-def _decode_header(buf: torch.Tensor) -> dict:
-    raw = bytes(buf.cpu().numpy().tobytes()).rstrip(b"\0")
-    return json.loads(raw)
+def shm_name(port: int) -> str:
+    """The CPU staging buffer's name in /dev/shm while both sides open it (the harness removes
+    it if an engine was killed in between)."""
+    return f"kvh-{port}"
+
+
+def _publish_port(rendezvous: str, port: int) -> None:
+    tmp = f"{rendezvous}.tmp"
+    with open(tmp, "w") as f:
+        f.write(str(port))
+    os.replace(tmp, rendezvous)
 
 
 def _wait_for_port(rendezvous: str, timeout_s: float) -> int:
@@ -75,93 +84,32 @@ def _wait_for_port(rendezvous: str, timeout_s: float) -> int:
     raise TimeoutError(f"the prefill worker did not publish its KV channel port in {rendezvous} within {timeout_s:.0f} s")
 
 
-def as_bytes(t: torch.Tensor) -> torch.Tensor:
-    """A flat uint8 view of a contiguous tensor (no copy)."""
-    return t.contiguous().view(-1).view(torch.uint8)
+class _Receiver:
+    """The decode side's parking of messages by transfer id, filled by a receiver thread."""
 
-
-class Channel:
-    """One-directional message channel, rank 0 sends and rank 1 receives."""
-
-    def __init__(self, rank: int, host: str, rendezvous: str, backend: str = "gloo",
-                 device: str = "cpu", timeout_s: float = 300.0):
-        """rendezvous: a file through which the sender tells the receiver its port. The sender
-        binds a free port itself and keeps it, so no other process can take it in between."""
-        from vllm.distributed.utils import stateless_init_torch_distributed_process_group
-
-        kwargs = {}
-        if "timeout" in inspect.signature(stateless_init_torch_distributed_process_group).parameters:
-            kwargs["timeout"] = timedelta(seconds=timeout_s)
-        if rank == 0:
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind((host, 0))
-            sock.listen()
-            self.port = sock.getsockname()[1]
-            tmp = f"{rendezvous}.tmp"
-            with open(tmp, "w") as f:
-                f.write(str(self.port))
-            os.replace(tmp, rendezvous)
-            kwargs["listen_socket"] = sock
-        else:
-            self.port = _wait_for_port(rendezvous, timeout_s)
-        self.pg = stateless_init_torch_distributed_process_group(host, self.port, rank, 2, backend, **kwargs)
-        self.rank = rank
-        self.device = torch.device(device)
+    def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
-        self._in_flight: list = []  # (work, payload) of sends not yet waited for
         self._inboxes: dict[str, _Inbox] = {}
         self._cond = threading.Condition()
         self._error: BaseException | None = None
-        if rank == 1:
-            self._thread = threading.Thread(target=self._receive_loop, name="kv-recv", daemon=True)
-            self._thread.start()
 
-    # ---- sender ----
-    def send(self, transfer_id: str, index: int, count: int, payload: torch.Tensor, **meta) -> int:
-        """Post one message and return its payload size; `flush` waits until it has left.
-        The payload must not change before then."""
-        data = as_bytes(payload)
-        header = _encode_header({"id": transfer_id, "i": index, "n": count,
-                                 "nbytes": data.numel(), "meta": meta}).to(self.device)
-        self._in_flight.append((self.pg.send([header], 1, _TAG), header))
-        if data.numel():
-            self._in_flight.append((self.pg.send([data], 1, _TAG), data))
-        return data.numel()
-
-    def flush(self) -> None:
-        for work, _ in self._in_flight:
-            work.wait()
-        self._in_flight.clear()
-
-    # ---- receiver ----
-    def _receive_loop(self) -> None:
-        try:
-            while True:
-                header = torch.empty(HEADER_BYTES, dtype=torch.uint8, device=self.device)
-                self.pg.recv([header], 0, _TAG).wait()
-                info = _decode_header(header)
-                payload = torch.empty(info["nbytes"], dtype=torch.uint8, device=self.device)
-                if info["nbytes"]:
-                    self.pg.recv([payload], 0, _TAG).wait()
-                if self.device.type == "cuda":
-                    torch.cuda.current_stream(self.device).synchronize()
-                msg = Message(info["id"], info["i"], info["n"], payload, info["meta"], time.monotonic())
+    def _start(self, loop) -> None:
+        def run():
+            try:
+                loop()
+            except BaseException as e:  # peer gone or channel closed: wake every waiter with the cause
                 with self._cond:
-                    box = self._inboxes.setdefault(msg.transfer_id, _Inbox())
-                    box.messages[msg.index] = msg
-                    box.count = msg.count
+                    self._error = e
                     self._cond.notify_all()
-        except BaseException as e:  # peer gone or channel closed: wake every waiter with the cause
-            with self._cond:
-                self._error = e
-                self._cond.notify_all()
 
-    def close(self) -> None:
-        return None
+        threading.Thread(target=run, name="kv-recv", daemon=True).start()
 
-    def alloc(self, nbytes: int) -> torch.Tensor:
-        """A send buffer; payloads built in one avoid a copy on channels that stage them."""
-        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+    def _deliver(self, msg: Message) -> None:
+        with self._cond:
+            box = self._inboxes.setdefault(msg.transfer_id, _Inbox())
+            box.messages[msg.index] = msg
+            box.count = msg.count
+            self._cond.notify_all()
 
     def wait(self, transfer_id: str, index: int | None = None) -> list[Message]:
         """Block until message `index` (or every message) of a transfer has arrived."""
@@ -189,70 +137,212 @@ class Channel:
             return [box.messages[i] for i in range(box.count)]
 
     def release(self, transfer_id: str) -> None:
-        """Drop a transfer's buffers once they have been scattered."""
+        """Drop a transfer's messages once they have been scattered."""
         with self._cond:
             self._inboxes.pop(transfer_id, None)
 
 
-class StagedChannel(Channel):
-    """Headers over gloo; payloads in a staging buffer of the sender's that the receiver maps
-    once (shared memory on CPU, CUDA IPC on a GPU) and reads in place. The receiver acknowledges
-    each transfer once it has read it (`release`), which frees that part of the buffer."""
+# --------------------------------------------------------------------------- gloo
+def _encode_header(info: dict) -> torch.Tensor:
+    raw = json.dumps(info).encode()
+    if len(raw) > HEADER_BYTES:
+        raise ValueError(f"message header too large ({len(raw)} > {HEADER_BYTES} bytes)")
+    buf = torch.zeros(HEADER_BYTES, dtype=torch.uint8)
+    buf[: len(raw)] = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    return buf
 
-    _ACK_TAG = 8
+
+def _decode_header(buf: torch.Tensor) -> dict:
+    return json.loads(bytes(buf.numpy().tobytes()).rstrip(b"\0"))
+
+
+class GlooChannel(_Receiver):
+    """Headers and payloads over a gloo process group of the two workers (CPU tensors)."""
+
+    def __init__(self, rank: int, host: str, rendezvous: str, timeout_s: float = 300.0):
+        """rendezvous: a file through which the sender tells the receiver its port. The sender
+        binds a free port itself and keeps it, so no other process can take it in between."""
+        from vllm.distributed.utils import stateless_init_torch_distributed_process_group
+
+        super().__init__(timeout_s)
+        kwargs = {}
+        if "timeout" in inspect.signature(stateless_init_torch_distributed_process_group).parameters:
+            kwargs["timeout"] = timedelta(seconds=timeout_s)
+        if rank == 0:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sock.listen()
+            port = sock.getsockname()[1]
+            _publish_port(rendezvous, port)
+            kwargs["listen_socket"] = sock
+        else:
+            port = _wait_for_port(rendezvous, timeout_s)
+        self.pg = stateless_init_torch_distributed_process_group(host, port, rank, 2, "gloo", **kwargs)
+        self._in_flight: list = []  # (work, tensor) of sends not yet waited for
+        if rank == 1:
+            self._start(self._receive_loop)
+
+    def alloc(self, nbytes: int) -> torch.Tensor:
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def send(self, transfer_id: str, index: int, count: int, payload: torch.Tensor, **meta) -> int:
+        """Post one message and return its payload size; `flush` waits until it has left.
+        The payload must not change before then."""
+        data = as_bytes(payload.cpu())
+        header = _encode_header({"id": transfer_id, "i": index, "n": count, "nbytes": data.numel(), "meta": meta})
+        self._in_flight.append((self.pg.send([header], 1, _TAG), header))
+        if data.numel():
+            self._in_flight.append((self.pg.send([data], 1, _TAG), data))
+        return data.numel()
+
+    def flush(self) -> None:
+        for work, _ in self._in_flight:
+            work.wait()
+        self._in_flight.clear()
+
+    def _receive_loop(self) -> None:
+        while True:
+            header = torch.empty(HEADER_BYTES, dtype=torch.uint8)
+            self.pg.recv([header], 0, _TAG).wait()
+            info = _decode_header(header)
+            payload = torch.empty(info["nbytes"], dtype=torch.uint8)
+            if info["nbytes"]:
+                self.pg.recv([payload], 0, _TAG).wait()
+            now = time.monotonic()
+            self._deliver(Message(info["id"], info["i"], info["n"], payload, info["meta"], now, now))
+
+    def close(self) -> None:
+        return None
+
+
+# --------------------------------------------------------------------------- staged
+def _send_frame(sock: socket.socket, data: bytes, lock: threading.Lock) -> None:
+    with lock:
+        sock.sendall(struct.pack("!I", len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError("the other worker closed the KV channel")
+        got += k
+    return bytes(buf)
+
+
+def _recv_frame(sock: socket.socket) -> bytes:
+    (n,) = struct.unpack("!I", _recv_exact(sock, 4))
+    return _recv_exact(sock, n)
+
+
+def _cuda_uuid(index: int) -> str:
+    return str(torch.cuda.get_device_properties(index).uuid)
+
+
+class StagedChannel(_Receiver):
+    """Payloads in a staging buffer the receiver owns and the sender writes into; headers and
+    acknowledgements over a local socket (a doorbell: a gloo header took ~0.7 ms to arrive,
+    a socket ~0.1 ms)."""
 
     def __init__(self, rank: int, host: str, rendezvous: str, device: torch.device, timeout_s: float,
                  buffer_bytes: int):
-        super().__init__(rank, host, rendezvous, "gloo", "cpu", timeout_s)
-        self.staging_device = device
+        super().__init__(timeout_s)
+        self.rank = rank
+        self.device = device
+        self._lock = threading.Lock()
         self._shm = None
         if rank == 0:
-            self.staging, handle = self._create(device, buffer_bytes, shm_name(self.port))
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.bind((host, 0))
+            listener.listen(1)
+            listener.settimeout(timeout_s)
+            _publish_port(rendezvous, listener.getsockname()[1])
+            try:
+                self.sock, _ = listener.accept()
+            except socket.timeout:
+                raise TimeoutError(f"the decode worker did not connect to the KV channel within {timeout_s:.0f} s") from None
+            listener.close()
+        else:
+            port = _wait_for_port(rendezvous, timeout_s)
+            self.sock = socket.create_connection((host, port), timeout=timeout_s)
+        self.sock.settimeout(None)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if rank == 1:
+            self.staging, handle = self._create(device, buffer_bytes, shm_name(port))
+            _send_frame(self.sock, pickle.dumps(handle), self._lock)
+            if _recv_frame(self.sock) != b"opened":
+                raise RuntimeError("the prefill worker could not map the KV staging buffer")
+            if self._shm is not None:  # both sides have it mapped: nothing is left in /dev/shm whatever happens
+                from multiprocessing import shared_memory
+
+                shared_memory._posixshmem.shm_unlink(self._shm._name)
+            self._start(self._receive_loop)
+        else:
+            self.staging = self._open(pickle.loads(_recv_frame(self.sock)))
+            _send_frame(self.sock, b"opened", self._lock)
             self._head = 0  # bump allocator; rewinds when every region has been acknowledged
             self._live = 0
-            blob = pickle.dumps(handle)
-            super().send("__staging__", 0, 1, torch.frombuffer(bytearray(blob), dtype=torch.uint8))
-            self.flush()
-            threading.Thread(target=self._ack_loop, name="kv-ack", daemon=True).start()
-        else:
-            msg = super().wait("__staging__")[0]
-            self.staging = self._open(pickle.loads(msg.payload.numpy().tobytes()))
-            super().release("__staging__")
+            self._start(self._ack_loop)
+            if device.type == "cuda":
+                self._outbox: queue.Queue = queue.Queue()
+                threading.Thread(target=self._ring_loop, name="kv-ring", daemon=True).start()
 
+    # the buffer ------------------------------------------------------------------
     def _create(self, device: torch.device, nbytes: int, name: str):
         if device.type == "cuda":
             from torch.multiprocessing.reductions import reduce_tensor
 
-            buf = torch.empty(nbytes, dtype=torch.uint8, device=device)
-            return buf, ("cuda", reduce_tensor(buf))
-        from multiprocessing import shared_memory
+            buf = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+            return buf, ("cuda", _cuda_uuid(device.index or 0), reduce_tensor(buf))
+        from multiprocessing import resource_tracker, shared_memory
 
         try:  # a run that was killed may have left its segment behind
             shared_memory.SharedMemory(name=name).unlink()
         except FileNotFoundError:
             pass
         self._shm = shared_memory.SharedMemory(name=name, create=True, size=nbytes)
-        return torch.frombuffer(self._shm.buf, dtype=torch.uint8), ("shm", name)
+        # We unlink it ourselves once the sender has it mapped; the two engines may share one
+        # resource tracker, which would otherwise see the name twice or not at all.
+        resource_tracker.unregister(self._shm._name, "shared_memory")
+        buf = torch.frombuffer(self._shm.buf, dtype=torch.uint8)
+        buf.zero_()  # touch every page now, not during the first transfers
+        return buf, ("shm", name)
 
     def _open(self, handle) -> torch.Tensor:
-        kind, info = handle
-        if kind == "cuda":
-            rebuild, args = info
+        if handle[0] == "cuda":
+            _, uuid, (rebuild, args) = handle
+            # The receiver numbered its GPU in its own CUDA_VISIBLE_DEVICES: find it in ours.
+            local = [i for i in range(torch.cuda.device_count()) if _cuda_uuid(i) == uuid]
+            if not local:
+                raise RuntimeError(f"the decode engine's GPU {uuid} is not visible to the prefill engine: "
+                                   f"both need it in CUDA_VISIBLE_DEVICES for CUDA IPC")
+            args = list(args)
+            args[6] = local[0]  # reduce_tensor's device index
             return rebuild(*args)
         from multiprocessing import resource_tracker, shared_memory
 
-        self._shm = shared_memory.SharedMemory(name=info)
-        resource_tracker.unregister(self._shm._name, "shared_memory")  # the sender owns it
-        return torch.frombuffer(self._shm.buf, dtype=torch.uint8)
+        self._shm = shared_memory.SharedMemory(name=handle[1])
+        resource_tracker.unregister(self._shm._name, "shared_memory")  # the receiver unlinks it
+        buf = torch.frombuffer(self._shm.buf, dtype=torch.uint8)
+        buf.zero_()  # map every page in this process too
+        return buf
 
     def close(self) -> None:
-        if self._shm is not None and self.rank == 0:
-            self._shm.unlink()
+        try:
+            self.sock.close()
+        except OSError:
+            pass
 
-    # sender
+    # sender ----------------------------------------------------------------------
     def alloc(self, nbytes: int) -> torch.Tensor:
+        """Space for one payload in the receiver's buffer; build the payload there to save a copy."""
         if nbytes == 0:
             return self.staging[:0]
+        if nbytes > self.staging.numel():
+            raise RuntimeError(f"a {nbytes / 2**20:.0f} MiB payload does not fit the {self.staging.numel() / 2**20:.0f} "
+                               f"MiB staging buffer: raise strategy.params.staging_mb")
         region = -(-nbytes // 256) * 256  # keep every region aligned for any dtype view
         deadline = time.monotonic() + self.timeout_s
         with self._cond:
@@ -263,10 +353,6 @@ class StagedChannel(Channel):
                     off, self._head = self._head, self._head + region
                     self._live += 1
                     return self.staging[off:off + nbytes]
-                if nbytes > self.staging.numel():
-                    raise RuntimeError(f"a {nbytes / 2**20:.0f} MiB payload does not fit the "
-                                       f"{self.staging.numel() / 2**20:.0f} MiB staging buffer: raise "
-                                       f"strategy.params.staging_mb")
                 if self._error is not None:
                     raise RuntimeError(f"KV channel closed ({self._live} regions unacknowledged): {self._error}")
                 if time.monotonic() > deadline:
@@ -274,65 +360,83 @@ class StagedChannel(Channel):
                 self._cond.wait(0.5)
 
     def send(self, transfer_id: str, index: int, count: int, payload: torch.Tensor, **meta) -> int:
+        """Post one message (its payload ideally built in `alloc`'s space) and return its size.
+        On a GPU this returns at once: the doorbell rings when the GPU has written the payload,
+        so the caller (a forward pass saving layer by layer) keeps launching work."""
         data = as_bytes(payload)
-        if data.numel() == 0:  # nothing to stage: a plain header
-            return super().send(transfer_id, index, count, data.cpu(), **meta)
-        base = self.staging.data_ptr()
-        inside = base <= data.data_ptr() < base + self.staging.numel()
-        if not inside:  # not built in a staging buffer: copying it there is this channel's "wire"
-            staged = self.alloc(data.numel())
-            staged.copy_(data)
-            data = staged
-        if self.staging_device.type == "cuda":
-            torch.cuda.current_stream(self.staging_device).synchronize()  # the receiver reads on its own stream
-        header = {"offset": data.data_ptr() - base, "nbytes": data.numel()}
-        super().send(transfer_id, index, count, torch.empty(0, dtype=torch.uint8), ipc=header, **meta)
+        if data.numel():
+            base = self.staging.data_ptr()
+            if not base <= data.data_ptr() < base + self.staging.numel():
+                staged = self.alloc(data.numel())  # built elsewhere: copying it over is this channel's wire
+                staged.copy_(data)
+                data = staged
+            where = {"offset": data.data_ptr() - base, "nbytes": data.numel()}
+        else:
+            where = {"offset": 0, "nbytes": 0}
+        info = {"id": transfer_id, "i": index, "n": count, **where, "meta": meta}
+        if self.device.type == "cuda":
+            written = torch.cuda.Event()
+            written.record()  # on the stream that wrote the payload
+            self._outbox.put((written, info))
+        else:
+            self._ring(info)
         return data.numel()
 
-    def _ack_loop(self) -> None:
-        ack = torch.empty(1, dtype=torch.int64)
-        try:
-            while True:
-                self.pg.recv([ack], 1, self._ACK_TAG).wait()
+    def _ring(self, info: dict) -> None:
+        info["written"] = time.monotonic()  # the payload is in the receiver's buffer from now on
+        _send_frame(self.sock, json.dumps(info).encode(), self._lock)
+
+    def _ring_loop(self) -> None:
+        while True:
+            written, info = self._outbox.get()
+            try:
+                written.synchronize()
+                self._ring(info)
+            except BaseException as e:
                 with self._cond:
-                    self._live -= int(ack.item())
-                    self._cond.notify_all()
-        except BaseException as e:
+                    self._error = e
+            finally:
+                self._outbox.task_done()
+
+    def flush(self) -> None:
+        """Wait until every posted message has been announced to the receiver."""
+        if self.device.type == "cuda":
+            self._outbox.join()
+        if self._error is not None:
+            raise RuntimeError(f"KV channel failed: {self._error}")
+
+    def _ack_loop(self) -> None:
+        while True:
+            n = json.loads(_recv_frame(self.sock))["ack"]
             with self._cond:
-                self._error = e
+                self._live -= n
                 self._cond.notify_all()
 
-    # receiver
-    def wait(self, transfer_id: str, index: int | None = None) -> list[Message]:
-        msgs = super().wait(transfer_id, index)
-        for m in msgs:
-            ipc = m.meta.get("ipc")
-            if ipc is not None and not m.meta.get("mapped"):
-                m.payload = self.staging[ipc["offset"]:ipc["offset"] + ipc["nbytes"]]
-                m.meta["mapped"] = True
-        return msgs
+    # receiver --------------------------------------------------------------------
+    def _receive_loop(self) -> None:
+        while True:
+            info = json.loads(_recv_frame(self.sock))
+            off, n = info["offset"], info["nbytes"]
+            msg = Message(info["id"], info["i"], info["n"], self.staging[off:off + n], info["meta"],
+                          info["written"], time.monotonic())
+            self._deliver(msg)
 
     def release(self, transfer_id: str) -> None:
         with self._cond:
             box = self._inboxes.pop(transfer_id, None)
-        if box is not None and box.messages:
-            n = sum(1 for m in box.messages.values() if m.meta.get("ipc") is not None)
-            self.pg.send([torch.tensor([n], dtype=torch.int64)], 0, self._ACK_TAG).wait()
-
-
-def shm_name(port: int) -> str:
-    """The CPU staging buffer's name in /dev/shm (the harness removes it if an engine was killed)."""
-    return f"kvh-{port}"
+        staged = sum(1 for m in box.messages.values() if m.payload.numel()) if box else 0
+        if staged:
+            _send_frame(self.sock, json.dumps({"ack": staged}).encode(), self._lock)
 
 
 def open_channel(rank: int, host: str, rendezvous: str, device: torch.device, timeout_s: float,
-                 params: dict | None = None) -> Channel:
+                 params: dict | None = None):
     params = params or {}
     transport = params.get("transport", "staged")
     if transport == "gloo" and device.type == "cpu":
-        return Channel(rank, host, rendezvous, "gloo", "cpu", timeout_s)
+        return GlooChannel(rank, host, rendezvous, timeout_s)
     if transport == "staged" and device.type in ("cpu", "cuda"):
-        default_mb = 1024 if device.type == "cpu" else 4096
+        default_mb = 256 if device.type == "cpu" else 4096
         return StagedChannel(rank, host, rendezvous, device, timeout_s,
                              int(params.get("staging_mb", default_mb)) * 2**20)
     raise ValueError(f"no KV transport {transport!r} for device type {device.type!r}: use "
