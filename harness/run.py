@@ -7,6 +7,7 @@ are stopped in `finally`, whatever happened.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import logging
 import os
 import sys
@@ -64,6 +65,10 @@ def load_tokenizer(model_path: str):
 def load_connector(strategy: DictConfig) -> type:
     """Import the strategy's connector class now, so a typo fails before any engine starts."""
     logging.getLogger("vllm").setLevel(logging.ERROR)  # engine logs go to the engines' files, not here
+    for package in strategy.get("requires", None) or []:
+        if importlib.util.find_spec(package) is None:
+            raise ConfigError(f"strategy {strategy.name!r} needs the Python package {package!r}, which is not "
+                              f"installed: `make setup` installs it on CPU machines; elsewhere pip install {package}")
     if not strategy.module:
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 
@@ -120,14 +125,23 @@ def engine_env(cfg: DictConfig, device: str, gpu: int) -> dict:
     return env
 
 
-def transfer_config(cfg: DictConfig, role: str, rendezvous: Path, stats_path: Path) -> dict:
+def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path, stats_path: Path) -> dict:
     s = cfg.strategy
+    role = s.get("roles", {}).get(engine) or {"prefill": "kv_producer", "decode": "kv_consumer"}[engine]
     extra = {"rendezvous": str(rendezvous), "host": "127.0.0.1", "stats_path": str(stats_path), "verify": bool(s.verify),
              "timeout_s": cfg.run.transfer_timeout_s, **OmegaConf.to_container(s.params, resolve=True)}
     out = {"kv_connector": s.connector, "kv_role": role, "kv_connector_extra_config": extra}
     if s.module:  # None: one of vLLM's own connectors
         out["kv_connector_module_path"] = s.module
     return out
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 # ---------------------------------------------------------------------- driving requests
@@ -151,10 +165,11 @@ class Progress:
               flush=True)
 
 
-def pipeline(stages: list[tuple[EngineProcess, Callable[[Prompt], dict]]], workload: Workload,
+def pipeline(stages: list[tuple[EngineProcess, Callable[[Prompt, list[dict]], dict]]], workload: Workload,
              timeout_s: float, on_finish: Callable[[Prompt, float, list[dict]], None], phase: str = "") -> None:
     """Run every prompt through the stages in order (a stage starts when the previous one has
-    finished), with up to `workload.concurrency` prompts in flight."""
+    finished; its sampling parameters may use the earlier stages' results), with up to
+    `workload.concurrency` prompts in flight."""
     progress = Progress(phase or "+".join(e.name for e, _ in stages), len(workload.prompts))
     waiting = list(workload.prompts)
     active: dict[str, tuple[Prompt, int, float, list[dict]]] = {}
@@ -164,7 +179,7 @@ def pipeline(stages: list[tuple[EngineProcess, Callable[[Prompt], dict]]], workl
         engine, sampling = stages[stage]
         rid = f"{engine.name}-{p.index}"
         active[rid] = (p, stage, t0, results)
-        engine.submit(rid, p.token_ids, sampling(p))
+        engine.submit(rid, p.token_ids, sampling(p, results))
 
     last_progress = time.monotonic()
     while waiting or active:
@@ -202,12 +217,29 @@ class TransferStats:
         return self.rows.get((transfer_id, side), {})
 
 
-def sampling_params(cfg: DictConfig, max_tokens: int, transfer_id: str | None = None) -> dict:
+def sampling_params(cfg: DictConfig, max_tokens: int, kv_transfer_params: dict | None = None) -> dict:
     sp = {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True, "logprobs": cfg.sampling.logprobs,
           "detokenize": False}
-    if transfer_id is not None:
-        sp["extra_args"] = {"kv_transfer_params": {"transfer_id": transfer_id}}
+    if kv_transfer_params is not None:
+        sp["extra_args"] = {"kv_transfer_params": kv_transfer_params}
     return sp
+
+
+def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_result: dict | None) -> dict:
+    """kv_transfer_params of a request to the prefill or decode engine.
+    push (this project's strategies): both requests carry one transfer id; the prefill worker
+      sends, the decode worker takes the message with that id.
+    pull (vLLM's NixlConnector): the prefill request asks the engine to keep the KV for a remote
+      decode; the engine answers where it is, and the decode request carries that answer."""
+    if strategy.get("handoff", "push") == "push":
+        return {"transfer_id": transfer_id}
+    if stage == "prefill":
+        return {"do_remote_decode": True}
+    params = (prefill_result or {}).get("kv_transfer_params")
+    if not params:
+        raise EngineDied(f"the prefill engine returned no kv_transfer_params for {transfer_id}: "
+                         f"strategy {strategy.name!r} cannot hand the request to the decode engine")
+    return params
 
 
 def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: list[dict], base: dict, stats: TransferStats,
@@ -272,9 +304,9 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     tag = uuid.uuid4().hex[:6]
     specs = {
         "baseline": (dict(args), cfg.device.baseline_gpu),
-        "prefill": (dict(args, kv_transfer_config=transfer_config(cfg, "kv_producer", rendezvous, stats_paths[0])),
+        "prefill": (dict(args, kv_transfer_config=transfer_config(cfg, "prefill", rendezvous, stats_paths[0])),
                     cfg.device.prefill_gpu),
-        "decode": (dict(args, kv_transfer_config=transfer_config(cfg, "kv_consumer", rendezvous, stats_paths[1])),
+        "decode": (dict(args, kv_transfer_config=transfer_config(cfg, "decode", rendezvous, stats_paths[1])),
                    cfg.device.decode_gpu),
     }
     engines: dict[str, EngineProcess] = {}
@@ -285,7 +317,11 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
 
     def start(name: str) -> EngineProcess:
         a, gpu = specs[name]
-        engines[name] = EngineProcess(name, a, engine_env(cfg, device, gpu), run_dir / f"{name}.log")
+        env = engine_env(cfg, device, gpu)
+        if name != "baseline" and cfg.strategy.get("handoff", "push") == "pull":
+            # vLLM's NIXL connector listens on a side channel per engine for the handshake
+            env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
+        engines[name] = EngineProcess(name, a, env, run_dir / f"{name}.log")
         return engines[name]
 
     base_out = JsonlWriter(run_dir / "baseline.jsonl")
@@ -307,7 +343,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             base_out.write(row)
 
         t0 = time.monotonic()
-        pipeline([(engines["baseline"], lambda p: sampling_params(cfg, cfg.sampling.max_tokens))], workload,
+        pipeline([(engines["baseline"], lambda p, r: sampling_params(cfg, cfg.sampling.max_tokens))], workload,
                  cfg.run.request_timeout_s, on_base)
         timings["baseline_s"] = time.monotonic() - t0
         if not cfg.run.overlap_startup:
@@ -325,8 +361,10 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             req_out.write(row)
 
         t0 = time.monotonic()
-        pipeline([(engines["prefill"], lambda p: sampling_params(cfg, 1, tid(p))),
-                  (engines["decode"], lambda p: sampling_params(cfg, cfg.sampling.max_tokens, tid(p)))],
+        s = cfg.strategy
+        pipeline([(engines["prefill"], lambda p, r: sampling_params(cfg, 1, handoff_params(s, "prefill", tid(p), None))),
+                  (engines["decode"], lambda p, r: sampling_params(
+                      cfg, cfg.sampling.max_tokens, handoff_params(s, "decode", tid(p), r[0])))],
                  workload, cfg.run.request_timeout_s, on_disagg)
         timings["disagg_s"] = time.monotonic() - t0
     except EngineDied as e:
