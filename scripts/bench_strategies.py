@@ -45,8 +45,12 @@ def main() -> int:
     ap.add_argument("--two-gpus", action="store_true",
                     help="prefill on GPU 0, decode on GPU 1; the ceiling is a GPU 0 -> GPU 1 peer copy")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--replot", default=None, metavar="DIR", help="only redraw DIR/figure.png from DIR/rows.csv")
     ap.add_argument("overrides", nargs="*", help="harness overrides, after --")
     args = ap.parse_args()
+    if args.replot:
+        plot(Path(args.replot))
+        return 0
     lengths = [int(x) for x in args.lengths.split(",")]
     out = Path(args.out or ROOT / "results" / "bench" / time.strftime("strategies_%Y-%m-%d_%H-%M-%S"))
     out.mkdir(parents=True, exist_ok=True)
@@ -122,8 +126,40 @@ def main() -> int:
     (out / "table.md").write_text(table + "\n")
     (out / "rows.csv").write_text("\n".join(csv) + "\n")
     print(table)
-    print(f"\nwritten: {out / 'table.md'}")
+    plot(out, title=lines[0])
+    print(f"\nwritten: {out / 'table.md'}, {out / 'rows.csv'}, {out / 'figure.png'}")
     return 0 if all(r["exit_code"] == 0 for r in rows) else 1
+
+
+def plot(out: Path, title: str | None = None) -> None:
+    """figure.png from rows.csv: GB/s against KV bytes per strategy (with the ceiling), and the
+    TTFT overheads against prompt length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    df = pd.read_csv(out / "rows.csv")
+    ceiling = (df["gbps"] / df["ceiling_share"]).dropna().median()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, g in df.groupby("strategy", sort=False):
+        a.plot(g["bytes"] / 2**20, g["gbps"], "o-", label=name)
+        base = g["base_ttft_ms"]
+        line, = b.plot(g["prompt_len"], 100 * g["ttft_overhead_ms"] / base, "o-", label=f"{name}: decode's first token")
+        b.plot(g["prompt_len"], 100 * g["prefill_ttft_overhead_ms"] / base, "s--", color=line.get_color(),
+               label=f"{name}: prefill's token")
+    a.axhline(ceiling, color="k", ls=":", label=f"ceiling {ceiling:.0f} GB/s")
+    a.set(xscale="log", yscale="log", xlabel="KV bytes moved per request (MiB)", ylabel="GB/s (bytes / transfer ms)")
+    b.axhline(0, color="k", lw=0.5)
+    b.set(xscale="log", xlabel="prompt tokens", ylabel="TTFT overhead vs colocated baseline (%)")
+    a.legend(fontsize=8)
+    b.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "figure.png", dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
