@@ -53,6 +53,8 @@ def main() -> int:
         return 0
     lengths = [int(x) for x in args.lengths.split(",")]
     out = Path(args.out or ROOT / "results" / "bench" / time.strftime("strategies_%Y-%m-%d_%H-%M-%S"))
+    if out.exists() and any(out.iterdir()):  # the harness appends to its records: never mix two benchmarks
+        sys.exit(f"error: {out} already holds results; give a new --out directory")
     out.mkdir(parents=True, exist_ok=True)
 
     rng = random.Random(0)

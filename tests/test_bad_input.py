@@ -41,3 +41,9 @@ def test_prompt_longer_than_max_model_len(tmp_path):
 def test_custom_strategy_module_missing(tmp_path):
     run = run_harness(tmp_path / "r", "strategy=custom", "strategy.module=no_such_pkg.mod", "strategy.connector=X")
     assert run.code == 2 and "no_such_pkg.mod" in run.stderr
+
+
+def test_strategy_package_not_installed(tmp_path):
+    run = run_harness(tmp_path / "r", "strategy=vllm_nixl", "strategy.requires=[no_such_package_xyz]")
+    assert run.code == 2 and "no_such_package_xyz" in run.stderr and "make setup" in run.stderr
+    assert _no_engine_started(run)

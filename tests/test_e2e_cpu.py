@@ -48,11 +48,11 @@ def expected_messages(case: str, blocks: int) -> int | None:
             "per_request_blocks-per_block-bs64": max(N_LAYERS * blocks, 1), "custom-two_halves": 2}.get(case)
 
 
-def harness_on_edge_prompts(results_dir, tmp_path_factory, name: str, *overrides: str):
+def harness_on_edge_prompts(results_dir, tmp_path_factory, name: str, *overrides: str, env: dict | None = None):
     block = 64 if "engine.block_size=64" in overrides else BLOCK
     prompts = write_token_prompts(tmp_path_factory.mktemp(name) / "prompts.jsonl", edge_prompts(block))
     return run_harness(results_dir / f"e2e-{name}", *overrides, "workload=jsonl", f"workload.path={prompts}",
-                       "workload.concurrency=3", "engine.max_model_len=512", "sampling.max_tokens=8")
+                       "workload.concurrency=3", "engine.max_model_len=512", "sampling.max_tokens=8", env=env)
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -132,21 +132,21 @@ def test_vllm_example_connector_on_multi_block_prompts(results_dir):
     assert run.summary["match_rate"] == 1.0 and run.summary["requests"] == 4
 
 
-def test_vllm_nixl_connector(results_dir):
+def test_vllm_nixl_connector_on_the_edge_prompts(results_dir, tmp_path_factory):
     """vLLM's NixlConnector, unchanged: the prefill engine keeps the KV and answers where it is,
     the harness relays that to the decode engine, which reads the blocks through NIXL (UCX on
-    CPU memory). Prompts of several blocks, two in flight."""
-    run = run_harness(results_dir / "e2e-vllm_nixl", "strategy=vllm_nixl", "workload=synthetic",
-                      "workload.prompt_len=100", "workload.num_prompts=4", "workload.concurrency=2",
-                      "sampling.max_tokens=8", env={"VLLM_LOGGING_LEVEL": "DEBUG"})
+    CPU memory). The same edge-case prompts as our strategies, three in flight."""
+    run = harness_on_edge_prompts(results_dir, tmp_path_factory, "vllm_nixl", "strategy=vllm_nixl",
+                                  env={"VLLM_LOGGING_LEVEL": "DEBUG"})
     assert run.code == 0, run.stderr[-3000:]
-    assert run.summary["match_rate"] == 1.0 and run.summary["requests"] == 4
+    n = len(edge_prompts())
+    assert run.summary["match_rate"] == 1.0 and run.summary["requests"] == n
     # The KV came through NIXL, not from the decode engine recomputing the prompt (a failed
     # load fails the request: vLLM's kv_load_failure_policy defaults to "fail").
-    log = (results_dir / "e2e-vllm_nixl" / "decode.log").read_text()
-    assert len(re.findall(r"num_external_tokens=[1-9]", log)) == 4, "each request should load its prompt's KV"
+    log = (run.run_dir / "decode.log").read_text()
+    assert len(re.findall(r"num_external_tokens=[1-9]", log)) == n, "each request should load its prompt's KV"
     done = re.findall(r"(\d+) requests done recving \((\d+) failed\)", log)
-    assert sum(int(n) for n, _ in done) == 4 and all(failed == "0" for _, failed in done)
+    assert sum(int(k) for k, _ in done) == n and all(failed == "0" for _, failed in done)
 
 
 @pytest.fixture(scope="module")
