@@ -1,7 +1,7 @@
 """Every strategy over a range of prompt lengths, against the machine's copy bandwidth measured
 in the same run.
 
-    python scripts/bench_strategies.py [--lengths 32,128,512,1024,2048] [--per-length 3]
+    python scripts/bench_strategies.py [--lengths 32,128,256,512,1024,2048] [--per-length 5]
         [--strategies full_cache,per_request_blocks,fused,layerwise] [--device cpu|cuda]
         [--two-gpus] [-- harness overrides ...]
 
@@ -38,8 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lengths", default="32,128,512,1024,2048")
-    ap.add_argument("--per-length", type=int, default=3)
+    ap.add_argument("--lengths", default="32,128,256,512,1024,2048")
+    ap.add_argument("--per-length", type=int, default=5)
     ap.add_argument("--strategies", default="full_cache,per_request_blocks,fused,layerwise")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--two-gpus", action="store_true",
