@@ -10,6 +10,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import socket
 import sys
 import time
 import uuid
@@ -137,8 +138,6 @@ def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path, stats_path: 
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -225,13 +224,17 @@ def sampling_params(cfg: DictConfig, max_tokens: int, kv_transfer_params: dict |
     return sp
 
 
+def pulls(strategy: DictConfig) -> bool:
+    return strategy.get("handoff", "push") == "pull"
+
+
 def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_result: dict | None) -> dict:
     """kv_transfer_params of a request to the prefill or decode engine.
     push (this project's strategies): both requests carry one transfer id; the prefill worker
       sends, the decode worker takes the message with that id.
     pull (vLLM's NixlConnector): the prefill request asks the engine to keep the KV for a remote
       decode; the engine answers where it is, and the decode request carries that answer."""
-    if strategy.get("handoff", "push") == "push":
+    if not pulls(strategy):
         return {"transfer_id": transfer_id}
     if stage == "prefill":
         return {"do_remote_decode": True}
@@ -318,7 +321,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     def start(name: str) -> EngineProcess:
         a, gpu = specs[name]
         env = engine_env(cfg, device, gpu)
-        if name != "baseline" and cfg.strategy.get("handoff", "push") == "pull":
+        if name != "baseline" and pulls(cfg.strategy):
             # vLLM's NIXL connector listens on a side channel per engine for the handshake
             env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
         engines[name] = EngineProcess(name, a, env, run_dir / f"{name}.log")
@@ -378,7 +381,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         for e in engines.values():
             e.stop(grace_s=10 if status == "ok" else 1)
         timings["shutdown_s"] = time.monotonic() - t0
-        if rendezvous.exists():  # a killed prefill engine cannot remove its staging buffer
+        if rendezvous.exists():  # engines killed before both mapped the staging buffer leave its name
             Path("/dev/shm", shm_name(int(rendezvous.read_text()))).unlink(missing_ok=True)
         base_out.close()
         req_out.close()

@@ -84,8 +84,9 @@ def _wait_for_port(rendezvous: str, timeout_s: float) -> int:
     raise TimeoutError(f"the prefill worker did not publish its KV channel port in {rendezvous} within {timeout_s:.0f} s")
 
 
-class _Receiver:
-    """The decode side's parking of messages by transfer id, filled by a receiver thread."""
+class _Endpoint:
+    """What both ends share: the decode side parks messages by transfer id (filled by its
+    receiver thread); either side runs its background loop through `_start`."""
 
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
@@ -156,7 +157,7 @@ def _decode_header(buf: torch.Tensor) -> dict:
     return json.loads(bytes(buf.numpy().tobytes()).rstrip(b"\0"))
 
 
-class GlooChannel(_Receiver):
+class GlooChannel(_Endpoint):
     """Headers and payloads over a gloo process group of the two workers (CPU tensors)."""
 
     def __init__(self, rank: int, host: str, rendezvous: str, timeout_s: float = 300.0):
@@ -241,7 +242,7 @@ def _cuda_uuid(index: int) -> str:
     return str(torch.cuda.get_device_properties(index).uuid)
 
 
-class StagedChannel(_Receiver):
+class StagedChannel(_Endpoint):
     """Payloads in a staging buffer the receiver owns and the sender writes into; headers and
     acknowledgements over a local socket (a doorbell: a gloo header took ~0.7 ms to arrive,
     a socket ~0.1 ms)."""
