@@ -87,7 +87,7 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 LATENCY_FIELDS = ["base_ttft_ms", "base_e2e_ms", "ttft_ms", "e2e_ms", "ttft_overhead_ms",
-                  "transfer_ms", "notify_ms", "send_ms", "load_ms", "bytes", "messages", "gbps"]
+                  "transfer_ms", "gpu_ms", "notify_ms", "send_ms", "load_ms", "bytes", "messages", "gbps"]
 
 
 def summarize(rows: list[dict]) -> dict:

@@ -3,11 +3,12 @@ in the same run.
 
     python scripts/bench_strategies.py [--lengths 32,128,256,512,1024,2048] [--per-length 5]
         [--strategies full_cache,per_request_blocks,fused,layerwise] [--device cpu|cuda]
-        [--two-gpus] [-- harness overrides ...]
+        [--two-gpus] [--set STRATEGY:KEY=VALUE ...] [-- harness overrides ...]
 
 One harness run per strategy (its prompts cover every length, one request in flight at a
 time), then one table per strategy and prompt length (medians):
   transfer ms     the sender starts gathering -> the last byte is in the decode engine's memory
+  GPU ms          the same on the GPU's clock, to the last payload written (GPU only)
   GB/s, of ceiling  KV bytes / transfer ms, and that as a share of the ceiling
   notify ms       -> the decode worker has been told (doorbell latency; not in transfer ms)
   KV ready ms     the sender starts -> the KV is in the decode engine's own blocks
@@ -44,6 +45,9 @@ def main() -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--two-gpus", action="store_true",
                     help="prefill on GPU 0, decode on GPU 1; the ceiling is a GPU 0 -> GPU 1 peer copy")
+    ap.add_argument("--set", action="append", default=[], metavar="STRATEGY:KEY=VALUE",
+                    help="a harness override for one strategy only, e.g. full_cache:engine.kv_cache_gib=2.5 "
+                         "(replaces the same key among the overrides after --)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--replot", default=None, metavar="DIR", help="only redraw DIR/figure.png from DIR/rows.csv")
     ap.add_argument("overrides", nargs="*", help="harness overrides, after --")
@@ -73,12 +77,22 @@ def main() -> int:
     ceiling_before = ceiling_now()
     print(f"copy ceiling before: {ceiling_before:.2f} GB/s", flush=True)
 
+    own: dict[str, list[str]] = {}
+    for item in args.set:
+        strategy, sep, override = item.partition(":")
+        if not sep or "=" not in override:
+            sys.exit(f"error: --set {item!r}: expected STRATEGY:KEY=VALUE, e.g. full_cache:engine.kv_cache_gib=2.5")
+        own.setdefault(strategy, []).append(override)
+
     rows = []
     for strategy in args.strategies.split(","):
         run_dir = out / strategy
+        mine = own.get(strategy, [])
+        keys = {o.split("=", 1)[0] for o in mine}
         cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}", f"strategy={strategy}",
                f"device={args.device}", "workload=jsonl", f"workload.path={out / 'prompts.jsonl'}",
-               f"engine.max_model_len={max(lengths) + 64}", "sampling.max_tokens=4", *args.overrides]
+               f"engine.max_model_len={max(lengths) + 64}", "sampling.max_tokens=4",
+               *[o for o in args.overrides if o.split("=", 1)[0] not in keys], *mine]
         print(f"--- {strategy}: {' '.join(cmd[2:])}", flush=True)
         code = subprocess.run(cmd, cwd=ROOT).returncode
         got = [json.loads(x) for x in (run_dir / "requests.jsonl").read_text().splitlines() if x.strip()]
@@ -96,10 +110,10 @@ def main() -> int:
 
     lines = [f"ceiling ({ceiling_of}, same run): {ceiling:.2f} GB/s "
              f"(before {ceiling_before:.2f}, after {ceiling_after:.2f})", "",
-             "| strategy | prompt | KV bytes moved | messages | transfer ms | GB/s | of ceiling | notify ms | KV ready ms "
-             "| TTFT ms (baseline) | TTFT overhead | prefill TTFT overhead | match | digests |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    csv = ["strategy,prompt_len,bytes,messages,transfer_ms,gbps,ceiling_share,notify_ms,ready_ms,ttft_ms,"
+             "| strategy | prompt | KV bytes moved | messages | transfer ms | GPU ms | GB/s | of ceiling | notify ms "
+             "| KV ready ms | TTFT ms (baseline) | TTFT overhead | prefill TTFT overhead | match | digests |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    csv = ["strategy,prompt_len,bytes,messages,transfer_ms,gpu_ms,gbps,ceiling_share,notify_ms,ready_ms,ttft_ms,"
            "base_ttft_ms,ttft_overhead_ms,prefill_ttft_overhead_ms,match_rate,digest_ok"]
     for strategy in args.strategies.split(","):
         for n in lengths:
@@ -113,13 +127,14 @@ def main() -> int:
             for r in rs:
                 r["prefill_ttft_overhead_ms"] = r["prefill_ms"] - r["base_ttft_ms"]
             ttft, base = med(rs, "ttft_ms"), med(rs, "base_ttft_ms")
-            vals = [med(rs, "bytes"), med(rs, "messages"), med(rs, "transfer_ms"), gbps, share, med(rs, "notify_ms"),
-                    med(rs, "ready_ms"), ttft, base, med(rs, "ttft_overhead_ms"), med(rs, "prefill_ttft_overhead_ms")]
-            fmt = ["{:.0f}", "{:.0f}", "{:.3f}", "{:.2f}", "{:.2f}", "{:.3f}", "{:.3f}", "{:.1f}", "{:.1f}", "{:.1f}",
-                   "{:.1f}"]
+            vals = [med(rs, "bytes"), med(rs, "messages"), med(rs, "transfer_ms"), med(rs, "gpu_ms"), gbps, share,
+                    med(rs, "notify_ms"), med(rs, "ready_ms"), ttft, base, med(rs, "ttft_overhead_ms"),
+                    med(rs, "prefill_ttft_overhead_ms")]
+            fmt = ["{:.0f}", "{:.0f}", "{:.3f}", "{:.3f}", "{:.2f}", "{:.2f}", "{:.3f}", "{:.3f}", "{:.1f}", "{:.1f}",
+                   "{:.1f}", "{:.1f}"]
             cells = [f.format(v) if v is not None else "-" for f, v in zip(fmt, vals)]
-            cells[7:9] = [f"{cells[7]} ({cells[8]})"]
-            for i in (8, 9):  # the overheads also as a share of the baseline's TTFT
+            cells[8:10] = [f"{cells[8]} ({cells[9]})"]
+            for i in (9, 10):  # the overheads also as a share of the baseline's TTFT
                 v = vals[i + 1]
                 cells[i] += f" ({v / base:+.0%})" if v is not None and base else ""
             lines.append(f"| {strategy} | {n} | " + " | ".join(cells) + f" | {match:.0%} | {'ok' if digest else 'FAIL'} |")

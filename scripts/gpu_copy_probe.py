@@ -2,7 +2,8 @@
 (Llama-3-8B shape, 8k tokens: 32 layers x K/V x 256 blocks of 32 tokens) copied several ways,
 into memory of this process and into a buffer another process shared through CUDA IPC (where
 the KV strategies write). Prints one line per way: ms (CUDA events), GB/s, share of a plain
-1 GiB local copy.
+1 GiB local copy. With --peer the IPC buffer lives on GPU 1 and is opened twice: in GPU 1's
+context (where torch.multiprocessing opens it) and in GPU 0's, where the copying runs.
 
     python3 scripts/gpu_copy_probe.py          # one GPU
     python3 scripts/gpu_copy_probe.py --peer   # the IPC buffer on GPU 1
@@ -21,9 +22,19 @@ LAYERS, BLOCKS, NB, BS, HEADS, HEAD = 32, 256, 1024, 32, 8, 128
 
 
 def owner(q, done, device):
-    buf = torch.zeros(LAYERS * 2 * BLOCKS * BS * HEADS * HEAD * 2 + (1 << 20), dtype=torch.uint8, device=device)
-    q.put(buf)
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    bufs = [torch.zeros(LAYERS * 2 * BLOCKS * BS * HEADS * HEAD * 2 + (1 << 20), dtype=torch.uint8, device=device)
+            for _ in range(2)]
+    q.put([reduce_tensor(b) for b in bufs])
     done.wait()
+
+
+def open_on(handle, device_index: int) -> torch.Tensor:
+    rebuild, args = handle
+    args = list(args)
+    args[6] = device_index  # the CUDA context the IPC memory is mapped into
+    return rebuild(*args)
 
 
 def timed(fn, repeats=5):
@@ -50,8 +61,12 @@ def main():
     q, done = ctx.Queue(), ctx.Event()
     p = ctx.Process(target=owner, args=(q, done, "cuda:1" if args.peer else "cuda:0"))
     p.start()
-    ipc = q.get()
+    handles = q.get()
     dev = torch.device("cuda:0")
+    targets = [("same GPU (IPC)", open_on(handles[0], 0))]
+    if args.peer:
+        targets = [("GPU 1, opened on 1", open_on(handles[0], 1)), ("GPU 1, opened on 0", open_on(handles[1], 0))]
+        peer_local = torch.empty(targets[0][1].numel(), dtype=torch.uint8, device="cuda:1")
     kv = [torch.randn(2, NB, BS, HEADS, HEAD, device=dev).to(torch.bfloat16) for _ in range(LAYERS)]
     shape = (LAYERS, 2, BLOCKS, BS, HEADS, HEAD)
     nbytes = torch.Size(shape).numel() * 2
@@ -102,11 +117,13 @@ def main():
 
     base_ms, _ = timed(flat_into(local))
     print(f"ceiling: 1 GiB local copy {base_ms:.3f} ms = {nbytes / base_ms / 1e6:.0f} GB/s ({nbytes} B)")
-    where = "peer GPU 1 (IPC)" if args.peer else "same GPU (IPC)"
+    if args.peer:
+        ms, _ = timed(flat_into(peer_local))
+        print(f"peer ceiling: 1 GiB GPU 0 -> GPU 1 within this process {ms:.3f} ms = {nbytes / ms / 1e6:.0f} GB/s")
     for name, make in [("flat 1 GiB copy", flat_into), ("runs: 64 memcpys", runs_into),
                        ("index_select per layer", index_select_into), ("foreach_copy_ of 64 runs", foreach_into),
                        ("cat of 64 runs", cat_into), ("64 one-block copies", tiny_runs)]:
-        for label, buf in [("local", local), (where, ipc)]:
+        for label, buf in [("local", local), *targets]:
             if args.peer and label == "local" and name != "flat 1 GiB copy":
                 continue
             if name == "cat of 64 runs" and buf.device != dev:

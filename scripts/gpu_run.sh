@@ -4,6 +4,8 @@
 #   bash scripts/gpu_run.sh check    # default model: fused and per_request_blocks match the baseline
 #   bash scripts/gpu_run.sh bench    # Llama-3-8B shape, 512/2k/8k/16k tokens, one GPU
 #   bash scripts/gpu_run.sh bench2   # the same with prefill on GPU 0 and decode on GPU 1
+#   bash scripts/gpu_run.sh probe    # scripts/gpu_copy_probe.py, on one GPU and (if there are two) across
+# full_cache runs with a 2.5 GiB cache (it moves the whole cache per request; 16k tokens need 2 GiB).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-results/gpu}   # run directories
@@ -22,10 +24,15 @@ case "${1:-check}" in
   bench|bench2)
     name=$1; two=(); [ "$1" = bench2 ] && two=(--two-gpus)
     python3 scripts/bench_strategies.py --device cuda "${two[@]}" --lengths "${LENGTHS:-512,2048,8192,16384}" \
-      --per-length "${PER_LENGTH:-2}" --strategies "${STRATEGIES:-fused,layerwise,per_request_blocks}" \
+      --per-length "${PER_LENGTH:-2}" --strategies "${STRATEGIES:-fused,layerwise,per_request_blocks,full_cache}" \
+      --set full_cache:engine.kv_cache_gib=2.5 \
       --out "$RUNS/$name" -- model=llama3_8b_shape engine.gpu_memory_utilization=0.28 engine.kv_cache_gib=16 \
       "${@:2}" 2>&1 | grep -v "^\[" | tail -40
     cp "$RUNS/$name/table.md" "$OUT/$name-table.md" 2>/dev/null
     cp "$RUNS/$name/rows.csv" "$OUT/$name-rows.csv" 2>/dev/null
+    cp "$RUNS/$name/figure.png" "$OUT/$name-figure.png" 2>/dev/null
     for s in $RUNS/$name/*/requests.jsonl; do cp "$s" "$OUT/$name-$(basename "$(dirname "$s")")-requests.jsonl"; done ;;
+  probe)
+    python3 scripts/gpu_copy_probe.py 2>&1 | tee "$OUT/copy-probe-1gpu.txt"
+    if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then python3 scripts/gpu_copy_probe.py --peer 2>&1 | tee "$OUT/copy-probe-2gpu.txt"; fi ;;
 esac

@@ -60,6 +60,8 @@ class TransferRequest:
     skip_blocks: int = 0  # decode only: leading blocks this engine already has (prefix cache)
     # filled in by the worker while it moves the request
     t_start: float = 0.0
+    streaming: bool = False  # sending from inside the forward pass (begin_send(sync=False))
+    gpu_start: Any = None  # a CUDA event at t_start
     prepared: Any = None  # whatever the strategy's prepare_send left for its send
     bytes: int = 0
     messages: int = 0
@@ -359,7 +361,8 @@ class TransferConnector(KVConnectorBase_V1):
 
     def post(self, req: TransferRequest, index: int, count: int, payload: torch.Tensor) -> None:
         """Send message `index` of `count` of this request's transfer."""
-        req.bytes += self.channel.send(req.transfer_id, index, count, payload, t0=req.t_start)
+        req.bytes += self.channel.send(req.transfer_id, index, count, payload, background=req.streaming,
+                                       t0=req.t_start)
         req.messages += 1
 
     def collect(self, req: TransferRequest, index: int | None = None) -> list[Message]:
@@ -416,13 +419,22 @@ class TransferConnector(KVConnectorBase_V1):
         Streaming strategies pass sync=False from inside the forward pass, not to stall it."""
         if sync:
             self._sync()
+        req.streaming = not sync
         req.t_start = time.monotonic()
+        if self.device.type == "cuda":
+            req.gpu_start = torch.cuda.Event(enable_timing=True)
+            req.gpu_start.record()
 
     def end_send(self, req: TransferRequest) -> None:
         self.channel.flush()
         self._sync()
-        self.record(req, "send", bytes=req.bytes, messages=req.messages,
-                    send_ms=(time.monotonic() - req.t_start) * 1e3)
+        fields = {"send_ms": (time.monotonic() - req.t_start) * 1e3}
+        written = getattr(self.channel, "last_written", None)
+        if req.gpu_start is not None and written is not None:
+            # t_start -> the last payload written, on the GPU's clock: the copies plus any time
+            # the GPU waited for them to be launched, without the host's wait for the GPU
+            fields["gpu_ms"] = req.gpu_start.elapsed_time(written)
+        self.record(req, "send", bytes=req.bytes, messages=req.messages, **fields)
 
     def begin_receive(self, req: TransferRequest) -> None:
         req.t_start = time.monotonic()

@@ -186,9 +186,10 @@ class GlooChannel(_Endpoint):
     def alloc(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)
 
-    def send(self, transfer_id: str, index: int, count: int, payload: torch.Tensor, **meta) -> int:
-        """Post one message and return its payload size; `flush` waits until it has left.
-        The payload must not change before then."""
+    def send(self, transfer_id: str, index: int, count: int, payload: torch.Tensor, background: bool = False,
+             **meta) -> int:
+        """Post one message and return its payload size; `flush` waits until it has left (gloo
+        sends in the background anyway). The payload must not change before then."""
         data = as_bytes(payload.cpu())
         header = _encode_header({"id": transfer_id, "i": index, "n": count, "nbytes": data.numel(), "meta": meta})
         self._in_flight.append((self.pg.send([header], 1, _TAG), header))
@@ -286,6 +287,7 @@ class StagedChannel(_Endpoint):
             self._head = 0  # bump allocator; rewinds when every region has been acknowledged
             self._live = 0
             self._start(self._ack_loop)
+            self.last_written = None
             if device.type == "cuda":
                 self._outbox: queue.Queue = queue.Queue()
                 threading.Thread(target=self._ring_loop, name="kv-ring", daemon=True).start()
@@ -319,8 +321,12 @@ class StagedChannel(_Endpoint):
             if not local:
                 raise RuntimeError(f"the decode engine's GPU {uuid} is not visible to the prefill engine: "
                                    f"both need it in CUDA_VISIBLE_DEVICES for CUDA IPC")
+            # Opened in our own GPU's context, not in that of the GPU holding it: CUDA then maps
+            # the memory into our GPU over NVLink (cudaIpcMemLazyEnablePeerAccess) and our copy
+            # kernels write it directly. Opened on its own GPU, copies into it from ours ran at
+            # 35-38 GB/s on two H200s instead of NVLink's ~380 (scripts/gpu_copy_probe.py --peer).
             args = list(args)
-            args[6] = local[0]  # reduce_tensor's device index
+            args[6] = self.device.index or 0  # reduce_tensor's device index
             return rebuild(*args)
         from multiprocessing import resource_tracker, shared_memory
 
@@ -360,10 +366,12 @@ class StagedChannel(_Endpoint):
                     raise TimeoutError("the decode engine acknowledged no KV for too long")
                 self._cond.wait(0.5)
 
-    def send(self, transfer_id: str, index: int, count: int, payload: torch.Tensor, **meta) -> int:
+    def send(self, transfer_id: str, index: int, count: int, payload: torch.Tensor, background: bool = False,
+             **meta) -> int:
         """Post one message (its payload ideally built in `alloc`'s space) and return its size.
-        On a GPU this returns at once: the doorbell rings when the GPU has written the payload,
-        so the caller (a forward pass saving layer by layer) keeps launching work."""
+        On a GPU the doorbell rings once the GPU has written the payload: here, after waiting for
+        that, or with background=True from a thread, so that a caller inside the forward pass
+        (saving layer by layer) keeps launching work. Handing over to the thread costs time."""
         data = as_bytes(payload)
         if data.numel():
             base = self.staging.data_ptr()
@@ -376,11 +384,14 @@ class StagedChannel(_Endpoint):
             where = {"offset": 0, "nbytes": 0}
         info = {"id": transfer_id, "i": index, "n": count, **where, "meta": meta}
         if self.device.type == "cuda":
-            written = torch.cuda.Event()
+            written = torch.cuda.Event(enable_timing=True)
             written.record()  # on the stream that wrote the payload
-            self._outbox.put((written, info))
-        else:
-            self._ring(info)
+            self.last_written = written  # the GPU's own clock of the copy (TransferConnector.end_send)
+            if background:
+                self._outbox.put((written, info))
+                return data.numel()
+            written.synchronize()
+        self._ring(info)
         return data.numel()
 
     def _ring(self, info: dict) -> None:
