@@ -31,7 +31,7 @@ case "${1:-check}" in
     cp "$RUNS/$name/table.md" "$OUT/$name-table.md" 2>/dev/null
     cp "$RUNS/$name/rows.csv" "$OUT/$name-rows.csv" 2>/dev/null
     cp "$RUNS/$name/figure.png" "$OUT/$name-figure.png" 2>/dev/null
-    for s in $RUNS/$name/*/requests.jsonl; do cp "$s" "$OUT/$name-$(basename "$(dirname "$s")")-requests.jsonl"; done ;;
+    tar czf "$OUT/$name-runs.tgz" -C "$RUNS" "$name" ;;  # every run's records and logs
   probe)
     python3 scripts/gpu_copy_probe.py 2>&1 | tee "$OUT/copy-probe-1gpu.txt"
     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then python3 scripts/gpu_copy_probe.py --peer 2>&1 | tee "$OUT/copy-probe-2gpu.txt"; fi ;;
