@@ -59,7 +59,7 @@ class TransferRequest:
     num_tokens: int  # prompt_len - 1: the tokens whose KV moves
     skip_blocks: int = 0  # decode only: leading blocks this engine already has (prefix cache)
     # filled in by the worker while it moves the request
-    t_start: float = 0.0
+    t_start: float | None = 0.0
     streaming: bool = False  # sending from inside the forward pass (begin_send(sync=False))
     gpu_start: Any = None  # a CUDA event at t_start
     prepared: Any = None  # whatever the strategy's prepare_send left for its send
@@ -361,7 +361,13 @@ class TransferConnector(KVConnectorBase_V1):
 
     def post(self, req: TransferRequest, index: int, count: int, payload: torch.Tensor) -> None:
         """Send message `index` of `count` of this request's transfer."""
-        req.bytes += self.channel.send(req.transfer_id, index, count, payload, background=req.streaming,
+        if req.t_start is None:  # see begin_send: the copies are queued, the clock starts now
+            req.gpu_start.synchronize()
+            req.t_start = time.monotonic()
+        # The last message's doorbell rings from this thread (no hand-over); earlier ones, and all
+        # of a streaming send, from the channel's thread so that launching the next copy goes on.
+        background = req.streaming or index < count - 1
+        req.bytes += self.channel.send(req.transfer_id, index, count, payload, background=background,
                                        t0=req.t_start)
         req.messages += 1
 
@@ -415,17 +421,23 @@ class TransferConnector(KVConnectorBase_V1):
 
     # timing, counting, digests ---------------------------------------------------
     def begin_send(self, req: TransferRequest, sync: bool = True) -> None:
-        """Start the clock; by default once the forward pass has finished computing this KV.
-        Streaming strategies pass sync=False from inside the forward pass, not to stall it."""
-        if sync:
-            self._sync()
+        """Start the clock once the forward pass has computed this KV (sync=True, after the forward
+        pass), or now (sync=False: a streaming strategy inside the forward pass, not to stall it).
+        On a GPU the host is usually ahead of the forward pass: the copies are then launched at
+        once, queued behind it on the stream, and the clock starts when the GPU reaches them
+        (an event here, waited for at the first `post`), so launching them is not on the clock."""
         req.streaming = not sync
         req.t_start = time.monotonic()
         if self.device.type == "cuda":
             req.gpu_start = torch.cuda.Event(enable_timing=True)
             req.gpu_start.record()
+            if sync:
+                req.t_start = None
 
     def end_send(self, req: TransferRequest) -> None:
+        if req.t_start is None:  # nothing was posted
+            req.gpu_start.synchronize()
+            req.t_start = time.monotonic()
         self.channel.flush()
         self._sync()
         fields = {"send_ms": (time.monotonic() - req.t_start) * 1e3}
