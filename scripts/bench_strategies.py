@@ -8,7 +8,8 @@ in the same run.
 One harness run per strategy (its prompts cover every length, one request in flight at a
 time), then one table per strategy and prompt length (medians):
   transfer ms     the sender starts gathering -> the last byte is in the decode engine's memory
-  GPU ms          the same on the GPU's clock, to the last payload written (GPU only)
+                  (on a GPU: on the GPU's clock, CUDA events)
+  host clock ms   the same on the host's clock
   GB/s, of ceiling  KV bytes / transfer ms, and that as a share of the ceiling
   notify ms       -> the decode worker has been told (doorbell latency; not in transfer ms)
   KV ready ms     the sender starts -> the KV is in the decode engine's own blocks
@@ -110,10 +111,10 @@ def main() -> int:
 
     lines = [f"ceiling ({ceiling_of}, same run): {ceiling:.2f} GB/s "
              f"(before {ceiling_before:.2f}, after {ceiling_after:.2f})", "",
-             "| strategy | prompt | KV bytes moved | messages | transfer ms | GPU ms | GB/s | of ceiling | notify ms "
+             "| strategy | prompt | KV bytes moved | messages | transfer ms | host clock ms | GB/s | of ceiling | notify ms "
              "| KV ready ms | TTFT ms (baseline) | TTFT overhead | prefill TTFT overhead | match | digests |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    csv = ["strategy,prompt_len,bytes,messages,transfer_ms,gpu_ms,gbps,ceiling_share,notify_ms,ready_ms,ttft_ms,"
+    csv = ["strategy,prompt_len,bytes,messages,transfer_ms,transfer_host_ms,gbps,ceiling_share,notify_ms,ready_ms,ttft_ms,"
            "base_ttft_ms,ttft_overhead_ms,prefill_ttft_overhead_ms,match_rate,digest_ok"]
     for strategy in args.strategies.split(","):
         for n in lengths:
@@ -127,7 +128,7 @@ def main() -> int:
             for r in rs:
                 r["prefill_ttft_overhead_ms"] = r["prefill_ms"] - r["base_ttft_ms"]
             ttft, base = med(rs, "ttft_ms"), med(rs, "base_ttft_ms")
-            vals = [med(rs, "bytes"), med(rs, "messages"), med(rs, "transfer_ms"), med(rs, "gpu_ms"), gbps, share,
+            vals = [med(rs, "bytes"), med(rs, "messages"), med(rs, "transfer_ms"), med(rs, "transfer_host_ms"), gbps, share,
                     med(rs, "notify_ms"), med(rs, "ready_ms"), ttft, base, med(rs, "ttft_overhead_ms"),
                     med(rs, "prefill_ttft_overhead_ms")]
             fmt = ["{:.0f}", "{:.0f}", "{:.3f}", "{:.3f}", "{:.2f}", "{:.2f}", "{:.3f}", "{:.3f}", "{:.1f}", "{:.1f}",
