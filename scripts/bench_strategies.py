@@ -57,6 +57,8 @@ def main() -> int:
         plot(Path(args.replot))
         return 0
     lengths = [int(x) for x in args.lengths.split(",")]
+    for strategy in args.strategies.split(","):
+        overrides_for(strategy, args.overrides, args.set)  # bad --set stops here, before any run
     out = Path(args.out or ROOT / "results" / "bench" / time.strftime("strategies_%Y-%m-%d_%H-%M-%S"))
     if out.exists() and any(out.iterdir()):  # the harness appends to its records: never mix two benchmarks
         sys.exit(f"error: {out} already holds results; give a new --out directory")
@@ -78,22 +80,13 @@ def main() -> int:
     ceiling_before = ceiling_now()
     print(f"copy ceiling before: {ceiling_before:.2f} GB/s", flush=True)
 
-    own: dict[str, list[str]] = {}
-    for item in args.set:
-        strategy, sep, override = item.partition(":")
-        if not sep or "=" not in override:
-            sys.exit(f"error: --set {item!r}: expected STRATEGY:KEY=VALUE, e.g. full_cache:engine.kv_cache_gib=2.5")
-        own.setdefault(strategy, []).append(override)
-
     rows = []
     for strategy in args.strategies.split(","):
         run_dir = out / strategy
-        mine = own.get(strategy, [])
-        keys = {o.split("=", 1)[0] for o in mine}
         cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}", f"strategy={strategy}",
                f"device={args.device}", "workload=jsonl", f"workload.path={out / 'prompts.jsonl'}",
                f"engine.max_model_len={max(lengths) + 64}", "sampling.max_tokens=4",
-               *[o for o in args.overrides if o.split("=", 1)[0] not in keys], *mine]
+               *overrides_for(strategy, args.overrides, args.set)]
         print(f"--- {strategy}: {' '.join(cmd[2:])}", flush=True)
         code = subprocess.run(cmd, cwd=ROOT).returncode
         got = [json.loads(x) for x in (run_dir / "requests.jsonl").read_text().splitlines() if x.strip()]
@@ -147,6 +140,20 @@ def main() -> int:
     plot(out, title=lines[0])
     print(f"\nwritten: {out / 'table.md'}, {out / 'rows.csv'}, {out / 'figure.png'}")
     return 0 if all(r["exit_code"] == 0 for r in rows) else 1
+
+
+def overrides_for(strategy: str, overrides: list[str], sets: list[str]) -> list[str]:
+    """The harness overrides for one strategy's run: the common ones, with the keys that this
+    strategy's --set STRATEGY:KEY=VALUE items give replaced by theirs."""
+    mine = []
+    for item in sets:
+        name, sep, override = item.partition(":")
+        if not sep or "=" not in override or not name:
+            sys.exit(f"error: --set {item!r}: expected STRATEGY:KEY=VALUE, e.g. full_cache:engine.kv_cache_gib=2.5")
+        if name == strategy:
+            mine.append(override)
+    keys = {o.split("=", 1)[0] for o in mine}
+    return [o for o in overrides if o.split("=", 1)[0] not in keys] + mine
 
 
 def plot(out: Path, title: str | None = None) -> None:
