@@ -68,3 +68,64 @@ def test_in_memory_order_undoes_a_permuted_allocation():
     handed_out = raw.permute(1, 0, 2, 3)
     view = in_memory_order(handed_out)
     assert view.is_contiguous() and view.shape == raw.shape and view.data_ptr() == raw.data_ptr()
+
+
+def _layers(block_dim: int, n_layers: int = 3, blocks: int = 32, fill=torch.randn):
+    shape = [blocks, 4, 3, 8] if block_dim == 0 else [2, blocks, 4, 3]
+    c = _connector(torch.zeros(shape), block_dim)
+    c.kv_layers = [fill(shape) for _ in range(n_layers)]
+    c._set_pieces()
+    return c
+
+
+@pytest.mark.parametrize("batched", [True, False])  # False: a layout whose pieces are not contiguous
+@pytest.mark.parametrize("block_dim", [0, 1])
+def test_digests_follow_block_contents_not_block_ids(block_dim, batched):
+    src = _layers(block_dim)
+    ids = [3, 4, 5, 20, 21, 9]
+    src._batched = batched
+    sent = src.block_digests(ids)
+    assert len(set(sent)) == len(ids)  # different contents, different digests
+
+    dst = _layers(block_dim, fill=torch.zeros)  # the same blocks under other ids, as a receiver holds them
+    other = [10, 11, 0, 1, 2, 30]
+    for layer in range(3):
+        dst.kv_layers[layer].index_copy_(block_dim, torch.tensor(other),
+                                         src.kv_layers[layer].index_select(block_dim, torch.tensor(ids)))
+    dst._batched = batched
+    assert dst.block_digests(other) == sent
+    assert src.block_digests([]) == []
+
+
+@pytest.mark.parametrize("block_dim", [0, 1])
+def test_digests_see_one_flipped_bit_and_swapped_blocks_or_words(block_dim):
+    c = _layers(block_dim)
+    ids = [5, 6, 7, 12]
+    before = c.block_digests(ids)
+
+    raw = c.kv_layers[2].view(torch.int32)  # one bit in the last layer, in block 7
+    raw[(1, 7, 2, 1) if block_dim == 1 else (7, 2, 1, 0)] ^= 1 << 30
+    after = c.block_digests(ids)
+    assert [a != b for a, b in zip(before, after)] == [False, False, True, False]
+
+    c = _layers(block_dim)
+    before = c.block_digests(ids)
+    layer = c.kv_layers[0]
+    a, b = layer.select(block_dim, 5).clone(), layer.select(block_dim, 6).clone()
+    layer.select(block_dim, 5).copy_(b)
+    layer.select(block_dim, 6).copy_(a)
+    swapped = c.block_digests(ids)
+    assert swapped[0] != before[0] and swapped[1] != before[1] and swapped[2:] == before[2:]
+
+    c = _layers(block_dim)
+    before = c.block_digests(ids)
+    layer = c.kv_layers[1]
+    block = (layer[12] if block_dim == 0 else layer[0, 12]).view(-1)  # two words of one block trade places
+    block[[0, 1]] = block[[1, 0]].clone()
+    assert c.block_digests(ids)[3] != before[3]
+
+
+def test_digest_products_wrap_around_rather_than_saturate():
+    big = torch.tensor([2**31 - 1, -(2**31)], dtype=torch.int32)
+    w = torch.tensor([3, 5], dtype=torch.int32)
+    assert torch.mul(big, w).tolist() == [2**31 - 3, -(2**31)]

@@ -471,27 +471,40 @@ class TransferConnector(KVConnectorBase_V1):
 
     def block_digests(self, block_ids: list[int]) -> list[str]:
         """One 64-bit checksum per block over that block's bytes in every layer, computed on the
-        KV device (one read of the request's KV): each 16-bit word times an odd weight that
-        depends on its position and layer, summed with int64 wrap-around. Any changed bit,
-        and any block or words swapped, changes the sum."""
+        KV device straight from this engine's blocks (not through a strategy's copy code): the
+        bytes read as 32-bit words, each times an odd weight that depends on its position and
+        layer (mod 2^32: multiplying by an odd number loses no bit), summed in int64. Any
+        changed bit, and any block or words swapped, changes the sum. One read of the KV and one
+        pass over the products: the digest sits on the critical path of both engines' steps."""
         if not block_ids:
             return []
-        total = None
-        for layer in range(len(self.kv_layers)):
-            blocks = self.gather(layer, block_ids).movedim(self.block_dim, 0).contiguous()
-            words = blocks.view(len(block_ids), -1)
-            words = words.view(torch.uint8) if words.element_size() == 1 else words.view(torch.int16)
-            w = self._digest_weights(words.shape[1], layer)
-            h = (words.to(torch.int64) * w).sum(dim=1)
-            total = h if total is None else total + h
+        total = torch.zeros(len(block_ids), dtype=torch.int64, device=self.device)
+        for k, words in enumerate(self._block_words(block_ids)):
+            for at, w in words:  # at: where these blocks sit in block_ids; w: [blocks, words] int32
+                h = torch.mul(w, self._digest_weights(w.shape[1], k)).sum(dim=1, dtype=torch.int64)
+                total[at:at + w.shape[0]] += h
         return [format(int(x) & (2**64 - 1), "016x") for x in total.cpu().tolist()]
 
-    def _digest_weights(self, n: int, layer: int) -> torch.Tensor:
-        key = (n, layer)
+    def _block_words(self, block_ids: list[int]):
+        """Per piece of KV (a layer, or a layer's K or V), the requested blocks as int32 words,
+        [blocks, words per block]: views of the cache, block run by block run, where pieces are
+        contiguous; else gathered one layer at a time."""
+        if self._batched:
+            runs = _starts(block_runs(block_ids), dst=False)  # (position in block_ids, first block, count)
+            for p in self._pieces:
+                yield [(at, p.narrow(0, first, n).reshape(n, -1).view(torch.int32)) for at, first, n in runs]
+            return
+        for layer in range(len(self.kv_layers)):
+            blocks = self.gather(layer, block_ids).movedim(self.block_dim, 0).contiguous()
+            yield [(0, blocks.view(len(block_ids), -1).view(torch.int32))]
+
+    def _digest_weights(self, n: int, piece: int) -> torch.Tensor:
+        key = (n, piece)
         cache = self.__dict__.setdefault("_weights", {})
         if key not in cache:
             i = torch.arange(n, dtype=torch.int64, device=self.device)
-            cache[key] = ((i * 2654435761 + (layer + 1) * 40503) % (2**31)) * 2 + 1
+            w = ((i * 2654435761 + (piece + 1) * 40503) % (2**31)) | 1  # odd, below 2^31
+            cache[key] = w.to(torch.int32)
         return cache[key]
 
     def record(self, req: TransferRequest, side: str, **fields) -> None:
