@@ -361,9 +361,7 @@ class TransferConnector(KVConnectorBase_V1):
 
     def post(self, req: TransferRequest, index: int, count: int, payload: torch.Tensor) -> None:
         """Send message `index` of `count` of this request's transfer."""
-        if req.t_start is None:  # see begin_send: the copies are queued, the clock starts now
-            req.gpu_start.synchronize()
-            req.t_start = time.monotonic()
+        self._start_clock(req)
         # The last message's doorbell rings from this thread (no hand-over); earlier ones, and all
         # of a streaming send, from the channel's thread so that launching the next copy goes on.
         background = req.streaming or index < count - 1
@@ -434,14 +432,19 @@ class TransferConnector(KVConnectorBase_V1):
             if sync:
                 req.t_start = None
 
-    def end_send(self, req: TransferRequest) -> None:
-        if req.t_start is None:  # nothing was posted
+    @staticmethod
+    def _start_clock(req: TransferRequest) -> None:
+        """See begin_send: on a GPU the clock starts when the GPU reaches the queued copies."""
+        if req.t_start is None:
             req.gpu_start.synchronize()
             req.t_start = time.monotonic()
+
+    def end_send(self, req: TransferRequest) -> None:
+        self._start_clock(req)  # nothing was posted
         self.channel.flush()
         self._sync()
         fields = {"send_ms": (time.monotonic() - req.t_start) * 1e3}
-        written = getattr(self.channel, "last_written", None)
+        written = self.channel.last_written
         if req.gpu_start is not None and written is not None:
             # t_start -> the last payload written, on the GPU's clock: the copies plus any time
             # the GPU waited for them to be launched, without the host's wait for the GPU

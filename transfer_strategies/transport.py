@@ -93,6 +93,7 @@ class _Endpoint:
         self._inboxes: dict[str, _Inbox] = {}
         self._cond = threading.Condition()
         self._error: BaseException | None = None
+        self.last_written = None  # sender on a GPU: a CUDA event after the last payload written
 
     def _start(self, loop) -> None:
         def run():
@@ -287,7 +288,6 @@ class StagedChannel(_Endpoint):
             self._head = 0  # bump allocator; rewinds when every region has been acknowledged
             self._live = 0
             self._start(self._ack_loop)
-            self.last_written = None
             if device.type == "cuda":
                 self._outbox: queue.Queue = queue.Queue()
                 threading.Thread(target=self._ring_loop, name="kv-ring", daemon=True).start()
@@ -387,7 +387,7 @@ class StagedChannel(_Endpoint):
         if self.device.type == "cuda":
             written = torch.cuda.Event(enable_timing=True)
             written.record()  # on the stream that wrote the payload
-            self.last_written = written  # the GPU's own clock of the copy (TransferConnector.end_send)
+            self.last_written = written
             if background:
                 self._outbox.put((written, info))
                 return data.numel()
