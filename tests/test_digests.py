@@ -1,0 +1,71 @@
+"""Per-block digests: what a digest must see (and what it must not)."""
+
+import pytest
+import torch
+
+from tests.test_kv_blocks import NUM_BLOCKS, make_kv
+from transfer_strategies.digests import BlockDigests
+from transfer_strategies.kv_blocks import KVBlocks
+
+
+def strided(kv: KVBlocks) -> KVBlocks:
+    """The same blocks in a layout whose pieces are not contiguous (the digest's fallback path)."""
+    layers = {}
+    for name, t in zip(kv.names, kv.layers):
+        wide = torch.zeros(*t.shape[:-1], t.shape[-1] * 2)
+        wide[..., : t.shape[-1]] = t
+        layers[name] = wide[..., : t.shape[-1]]
+    out = KVBlocks(layers, NUM_BLOCKS)
+    assert not out.contiguous
+    return out
+
+
+@pytest.mark.parametrize("contiguous", [True, False])
+@pytest.mark.parametrize("block_dim", [0, 1])
+def test_digests_follow_block_contents_not_block_ids(block_dim, contiguous):
+    src = make_kv(block_dim)
+    ids = [3, 4, 5, 20, 21, 9]
+    dst = make_kv(block_dim, fill=torch.zeros)  # the same blocks under other ids, as a receiver holds them
+    other = [10, 11, 0, 1, 2, 30]
+    for s, d in zip(src.layers, dst.layers):
+        d.index_copy_(block_dim, torch.tensor(other), s.index_select(block_dim, torch.tensor(ids)))
+    if not contiguous:
+        src, dst = strided(src), strided(dst)
+    sent = BlockDigests(src)(ids)
+    assert len(set(sent)) == len(ids)  # different contents, different digests
+    assert BlockDigests(dst)(other) == sent
+    assert BlockDigests(src)([]) == []
+
+
+@pytest.mark.parametrize("block_dim", [0, 1])
+def test_digests_see_one_flipped_bit_and_swapped_blocks_or_words(block_dim):
+    kv = make_kv(block_dim)
+    digest = BlockDigests(kv)
+    ids = [5, 6, 7, 12]
+    before = digest(ids)
+    raw = kv.layers[2].view(torch.int32)  # one bit in the last layer, in block 7
+    raw[(1, 7, 2, 1) if block_dim == 1 else (7, 2, 1, 0)] ^= 1 << 30
+    assert [a != b for a, b in zip(before, digest(ids))] == [False, False, True, False]
+
+    kv = make_kv(block_dim)
+    digest = BlockDigests(kv)
+    before = digest(ids)
+    layer = kv.layers[0]
+    a, b = layer.select(block_dim, 5).clone(), layer.select(block_dim, 6).clone()
+    layer.select(block_dim, 5).copy_(b)
+    layer.select(block_dim, 6).copy_(a)
+    swapped = digest(ids)
+    assert swapped[0] != before[0] and swapped[1] != before[1] and swapped[2:] == before[2:]
+
+    kv = make_kv(block_dim)
+    digest = BlockDigests(kv)
+    before = digest(ids)
+    block = (kv.layers[1][12] if block_dim == 0 else kv.layers[1][0, 12]).view(-1)  # two words trade places
+    block[[0, 1]] = block[[1, 0]].clone()
+    assert digest(ids)[3] != before[3]
+
+
+def test_digest_products_wrap_around_rather_than_saturate():
+    big = torch.tensor([2**31 - 1, -(2**31)], dtype=torch.int32)
+    w = torch.tensor([3, 5], dtype=torch.int32)
+    assert torch.mul(big, w).tolist() == [2**31 - 3, -(2**31)]

@@ -1,0 +1,77 @@
+"""The scheduler side (RequestTracker) on the objects vLLM's scheduler hands it: which blocks
+each request moves, and in which step, for whole and chunked prefills, preemption and decode
+prefix-cache hits."""
+
+from types import SimpleNamespace as NS
+
+from transfer_strategies.scheduler import RequestTracker
+
+BLOCK = 4
+
+
+def request(rid: str, prompt_len: int, transfer_id: str | None = "t"):
+    params = {"transfer_id": transfer_id} if transfer_id else None
+    return NS(request_id=rid, prompt_token_ids=list(range(prompt_len)), kv_transfer_params=params)
+
+
+def step(new=(), cached=(), scheduled=None, resumed=()):
+    """A SchedulerOutput: new = [(rid, block_ids, computed)], cached = [(rid, new_block_ids, computed)]."""
+    return NS(scheduled_new_reqs=[NS(req_id=r, block_ids=(b,), num_computed_tokens=c) for r, b, c in new],
+              scheduled_cached_reqs=NS(req_ids=[r for r, _, _ in cached],
+                                       new_block_ids=[None if b is None else (b,) for _, b, _ in cached],
+                                       num_computed_tokens=[c for _, _, c in cached], resumed_req_ids=set(resumed)),
+              num_scheduled_tokens=scheduled or {})
+
+
+def test_prefill_sends_the_blocks_of_all_but_the_last_prompt_token_after_its_step():
+    t = RequestTracker(is_producer=True, block_size=BLOCK)
+    r = request("a", prompt_len=9)  # tokens [0, 8) move: 2 blocks; the third holds only token 8
+    assert t.matched_tokens(r, 0) == (0, False)
+    t.allocated(r, None)
+    (send,) = t.step_metadata(step(new=[("a", [7, 3, 5], 0)], scheduled={"a": 9})).sends
+    assert (send.transfer_id, send.block_ids, send.num_tokens) == ("t", [7, 3], 8)
+    assert t.step_metadata(step()).sends == []  # sent once
+
+
+def test_chunked_prefill_sends_after_the_step_that_computes_the_last_token():
+    t = RequestTracker(is_producer=True, block_size=BLOCK)
+    t.allocated(request("a", prompt_len=12), None)
+    assert t.step_metadata(step(new=[("a", [1, 2], 0)], scheduled={"a": 8})).sends == []
+    (send,) = t.step_metadata(step(cached=[("a", [9], 8)], scheduled={"a": 4})).sends
+    assert send.block_ids == [1, 2, 9]
+
+
+def test_a_preempted_prefill_moves_the_blocks_it_resumed_with():
+    t = RequestTracker(is_producer=True, block_size=BLOCK)
+    t.allocated(request("a", prompt_len=12), None)
+    t.step_metadata(step(new=[("a", [1, 2], 0)], scheduled={"a": 8}))
+    (send,) = t.step_metadata(step(cached=[("a", [5, 6, 7], 0)], scheduled={"a": 12}, resumed={"a"})).sends
+    assert send.block_ids == [5, 6, 7]
+
+
+def test_requests_without_a_transfer_id_are_not_touched():
+    for producer in (True, False):
+        t = RequestTracker(is_producer=producer, block_size=BLOCK)
+        r = request("a", 9, transfer_id=None)
+        assert t.matched_tokens(r, 0) == (0, False)
+        t.allocated(r, NS(get_block_ids=lambda: ([1, 2, 3],)))
+        meta = t.step_metadata(step(new=[("a", [1, 2, 3], 0)], scheduled={"a": 9}))
+        assert meta.sends == [] and meta.loads == []
+
+
+def test_decode_loads_all_but_the_last_token_past_its_own_prefix_hits():
+    t = RequestTracker(is_producer=False, block_size=BLOCK)
+    r = request("a", prompt_len=10)
+    assert t.matched_tokens(r, num_computed_tokens=4) == (5, False)  # 9 move, 4 were cached here
+    t.allocated(r, NS(get_block_ids=lambda: ([4, 8, 2],)))
+    (load,) = t.step_metadata(step()).loads
+    assert (load.block_ids, load.skip_blocks, load.num_tokens) == ([4, 8, 2], 1, 9)
+    assert t.step_metadata(step()).loads == []
+
+
+def test_a_finished_request_is_forgotten():
+    t = RequestTracker(is_producer=True, block_size=BLOCK)
+    r = request("a", 9)
+    t.allocated(r, None)
+    t.finished(r)
+    assert t.step_metadata(step(new=[("a", [1, 2, 3], 0)], scheduled={"a": 9})).sends == []

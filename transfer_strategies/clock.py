@@ -1,0 +1,45 @@
+"""When a send starts and how long it takes: on the host's clock, and on a GPU on the GPU's own
+clock (CUDA events), which is what transfer_ms means there.
+
+On a GPU the host is usually ahead of the forward pass it launched: a send's copies are then
+launched at once, queued behind the forward pass on the stream, and the clock starts when the
+GPU reaches them (an event recorded at the start, waited for only when the first message is
+posted). So launching the copies is not on the clock, and the host never stalls the GPU.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+class SendClock:
+    def __init__(self, device: torch.device, streaming: bool = False):
+        """streaming: the send runs from inside the forward pass (layer by layer), where the
+        clock starts now rather than when the GPU reaches this point."""
+        self.streaming = streaming
+        self.gpu_start = None
+        self._t0: float | None = time.monotonic()
+        if device.type == "cuda":
+            self.gpu_start = torch.cuda.Event(enable_timing=True)
+            self.gpu_start.record()
+            if not streaming:
+                self._t0 = None  # set when the GPU reaches gpu_start
+
+    def start(self) -> float:
+        """The host time the send started (on a GPU: waits until the GPU has reached it)."""
+        if self._t0 is None:
+            self.gpu_start.synchronize()
+            self._t0 = time.monotonic()
+        return self._t0
+
+    def host_ms(self) -> float:
+        return (time.monotonic() - self.start()) * 1e3
+
+    def gpu_ms(self, last_written) -> float | None:
+        """Start -> the last payload written (a CUDA event), on the GPU's clock: the copies plus
+        any time the GPU waited for them to be launched, without the host's wait for the GPU."""
+        if self.gpu_start is None or last_written is None:
+            return None
+        return self.gpu_start.elapsed_time(last_written)

@@ -1,0 +1,56 @@
+"""Per-block digests: how both engines check, bit for bit, that a request's KV arrived.
+
+Each side computes one 64-bit checksum per block straight from its own KV cache (never through
+a strategy's copy code), over that block's bytes in every layer: the bytes read as 32-bit
+words, each times an odd weight that depends on its position and its piece of KV (mod 2^32:
+multiplying by an odd number loses no bit), summed in int64. Any changed bit, and any two
+blocks or words swapped, changes the sum. One read of the KV and one pass over the products:
+the digest sits on the critical path of both engines' steps.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import torch
+
+from transfer_strategies.kv_blocks import KVBlocks, packed_runs
+
+
+class BlockDigests:
+    def __init__(self, kv: KVBlocks):
+        self.kv = kv
+        self._weights: dict[tuple[int, int], torch.Tensor] = {}
+
+    def __call__(self, block_ids: Sequence[int]) -> list[str]:
+        if not block_ids:
+            return []
+        total = torch.zeros(len(block_ids), dtype=torch.int64, device=self.kv.device)
+        for k, words in enumerate(self._block_words(block_ids)):
+            for at, w in words:  # at: where these blocks sit in block_ids; w: [blocks, words] int32
+                h = torch.mul(w, self._weights_for(w.shape[1], k)).sum(dim=1, dtype=torch.int64)
+                total[at:at + w.shape[0]] += h
+        return [format(int(x) & (2**64 - 1), "016x") for x in total.cpu().tolist()]
+
+    def _block_words(self, block_ids: Sequence[int]) -> Iterator[list[tuple[int, torch.Tensor]]]:
+        """Per piece of KV (a layer, or a layer's K or V), the requested blocks as int32 words,
+        [blocks, words per block]: views of the cache, run by run, where pieces are contiguous;
+        else gathered one layer at a time."""
+        kv = self.kv
+        if kv.contiguous:
+            runs = packed_runs(block_ids)
+            for p in kv.pieces(range(kv.n_layers)):
+                yield [(at, p.narrow(0, first, n).reshape(n, -1).view(torch.int32)) for at, first, n in runs]
+            return
+        for layer in range(kv.n_layers):
+            out = torch.empty(1, *kv.layer_shape(len(block_ids)), dtype=kv.dtype, device=kv.device)
+            blocks = kv.gather(block_ids, out, [layer])[0].movedim(kv.block_dim, 0).contiguous()
+            yield [(0, blocks.view(len(block_ids), -1).view(torch.int32))]
+
+    def _weights_for(self, n: int, piece: int) -> torch.Tensor:
+        key = (n, piece)
+        if key not in self._weights:
+            i = torch.arange(n, dtype=torch.int64, device=self.kv.device)
+            w = ((i * 2654435761 + (piece + 1) * 40503) % (2**31)) | 1  # odd, below 2^31
+            self._weights[key] = w.to(torch.int32)
+        return self._weights[key]

@@ -1,0 +1,128 @@
+"""Scheduler side of a connector: which blocks each request owns on this engine, and in which
+step its KV moves. It runs in vLLM's scheduler and hands the worker side a `TransferMetadata`
+each step (vLLM's `build_connector_meta`).
+
+How a request flows (the harness drives it):
+  1. The prefill engine gets the prompt with max_tokens=1 and kv_transfer_params
+     {"transfer_id": id}. Once a step computes the prompt's last token (with chunked prefill,
+     after several steps), that step's metadata carries a `TransferRequest` with the request's
+     block ids in `sends`; the worker sends after (or while) that step's forward pass.
+  2. The decode engine gets the same prompt and transfer id. Its scheduler asks how many prompt
+     tokens come from outside (`get_num_new_matched_tokens`): all but the last, which vLLM must
+     compute itself to produce logits, less what its own prefix cache already holds. It
+     allocates blocks; their ids go to the worker in `loads`, which writes the received blocks
+     into them before the forward pass.
+Both sides move the blocks holding prompt tokens [0, prompt_len - 1), so their counts agree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+
+@dataclass
+class TransferRequest:
+    """One request's KV as one engine sees it."""
+
+    transfer_id: str
+    req_id: str
+    block_ids: list[int]  # this engine's blocks holding prompt tokens [0, num_tokens)
+    num_tokens: int  # prompt_len - 1: the tokens whose KV moves
+    skip_blocks: int = 0  # decode only: leading blocks this engine already has (prefix cache)
+    # filled in by the worker while it moves the request
+    prepared: Any = None  # whatever the strategy's prepare_send left for its send
+    clock: Any = None  # the send's SendClock, or the receive's start time
+    bytes: int = 0
+    messages: int = 0
+    received: list = field(default_factory=list)  # the transport's Messages
+
+
+@dataclass
+class TransferMetadata(KVConnectorMetadata):
+    sends: list[TransferRequest] = field(default_factory=list)
+    loads: list[TransferRequest] = field(default_factory=list)
+
+
+def blocks_for(num_tokens: int, block_size: int) -> int:
+    return -(-num_tokens // block_size) if num_tokens > 0 else 0
+
+
+def transfer_id_of(request) -> str | None:
+    return (request.kv_transfer_params or {}).get("transfer_id")
+
+
+def single_group(block_ids):
+    if len(block_ids) != 1:
+        raise NotImplementedError("transfer strategies support one KV cache group (no hybrid models)")
+    return block_ids[0]
+
+
+class RequestTracker:
+    """The scheduler side's state: prefill requests whose KV has not left yet, and decode
+    requests whose blocks were allocated this step."""
+
+    def __init__(self, is_producer: bool, block_size: int):
+        self.is_producer = is_producer
+        self.block_size = block_size
+        self._sends: dict[str, TransferRequest] = {}  # prefill: req_id -> blocks so far
+        self._local_hits: dict[str, int] = {}  # decode: req_id -> tokens its prefix cache held
+        self._loads: list[TransferRequest] = []  # decode: allocated since the last step
+
+    def matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
+        if self.is_producer or transfer_id_of(request) is None:
+            return 0, False
+        self._local_hits[request.request_id] = num_computed_tokens
+        return max(len(request.prompt_token_ids) - 1 - num_computed_tokens, 0), False
+
+    def allocated(self, request, blocks) -> None:
+        tid = transfer_id_of(request)
+        if tid is None:
+            return
+        n_tok = len(request.prompt_token_ids) - 1
+        if self.is_producer:
+            self._sends[request.request_id] = TransferRequest(tid, request.request_id, [], n_tok)
+            return
+        # decode: every request with a transfer id takes its message, even when nothing is
+        # loaded (all blocks were already cached here), so the sender's KV is checked and freed.
+        block_ids = list(single_group(blocks.get_block_ids()))[: blocks_for(n_tok, self.block_size)]
+        skip = self._local_hits.pop(request.request_id, 0) // self.block_size
+        self._loads.append(TransferRequest(tid, request.request_id, block_ids, n_tok, skip))
+
+    def step_metadata(self, scheduler_output) -> TransferMetadata:
+        meta = TransferMetadata(loads=self._loads)
+        self._loads = []
+        if self.is_producer:
+            meta.sends = self._ready_sends(scheduler_output)
+        return meta
+
+    def _ready_sends(self, out) -> list[TransferRequest]:
+        progress: list[tuple[str, int]] = []  # (req_id, tokens computed before this step)
+        for new in out.scheduled_new_reqs:
+            if new.req_id in self._sends:
+                self._sends[new.req_id].block_ids = list(single_group(new.block_ids))
+                progress.append((new.req_id, new.num_computed_tokens))
+        cached = out.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            if rid not in self._sends:
+                continue
+            new_blocks = cached.new_block_ids[i]
+            if new_blocks is not None:
+                blocks = list(single_group(new_blocks))
+                resumed = rid in getattr(cached, "resumed_req_ids", ())  # after preemption: all blocks anew
+                self._sends[rid].block_ids = blocks if resumed else self._sends[rid].block_ids + blocks
+            progress.append((rid, cached.num_computed_tokens[i]))
+        ready = []
+        for rid, computed in progress:
+            req = self._sends[rid]
+            # send once the step that computes the prompt's last token has run (chunked prefill)
+            if computed + out.num_scheduled_tokens.get(rid, 0) >= req.num_tokens + 1:
+                del self._sends[rid]
+                req.block_ids = req.block_ids[: blocks_for(req.num_tokens, self.block_size)]
+                ready.append(req)
+        return ready
+
+    def finished(self, request) -> None:
+        self._sends.pop(request.request_id, None)
