@@ -1,10 +1,11 @@
 """What a run leaves behind in its Hydra run directory, written as it goes:
 
-    meta.json         versions, device, git sha, engine start-up times (config: .hydra/)
+    meta.json         versions, device, git sha and the resolved config (Hydra's copy: .hydra/)
     baseline.jsonl    one row per prompt from the colocated engine
     requests.jsonl    one row per prompt of the disaggregated run, joined with its baseline
                       row, the comparison and the transfer stats of both workers
-    summary.json      p50/p90 of every latency, bytes, GB/s, match rate, status
+    summary.json      p50 (with its bootstrap interval) and p90 of every latency, bytes, GB/s,
+                      match rate, status
 
 Rows are appended and flushed one by one so that a crash loses nothing already measured.
 """
@@ -13,10 +14,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import math
 import platform
 import subprocess
 from pathlib import Path
+
+from harness.schema import SCHEMA_VERSION, SUMMARY_METRICS, UNVERSIONED
+from harness.stats import Column, format_value, p50_with_interval, percentile
+from harness.stats import format_table as stats_table
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,7 +28,7 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 class JsonlWriter:
     def __init__(self, path: Path):
         self.path = path
-        self._f = open(path, "a", buffering=1)
+        self._f = open(path, "a", buffering=1)  # noqa: SIM115 - open for the whole run, closed by close()
 
     def write(self, row: dict) -> None:
         self._f.write(json.dumps(row) + "\n")
@@ -77,21 +81,11 @@ def versions(device: str) -> dict:
             "host": platform.node(), "git_sha": git_sha()}
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    vals = sorted(v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v)))
-    if not vals:
-        return None
-    k = (len(vals) - 1) * q / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return vals[lo] + (vals[hi] - vals[lo]) * (k - lo)
-
-
-LATENCY_FIELDS = ["base_ttft_ms", "base_e2e_ms", "ttft_ms", "e2e_ms", "ttft_overhead_ms",
-                  "transfer_ms", "gpu_ms", "notify_ms", "send_ms", "load_ms", "bytes", "messages", "gbps"]
-
-
 def summarize(rows: list[dict]) -> dict:
-    out: dict = {"requests": len(rows)}
+    """The per-run statistics of summary.json (results/README.md lists them): counts, and for
+    each of SUMMARY_METRICS its p50 with a bootstrap interval and its p90."""
+    version = min((r.get("schema_version", UNVERSIONED) for r in rows), default=SCHEMA_VERSION)
+    out: dict = {"schema_version": version, "requests": len(rows)}
     if not rows:
         return out
     out["match_rate"] = sum(bool(r.get("match")) for r in rows) / len(rows)
@@ -99,9 +93,9 @@ def summarize(rows: list[dict]) -> dict:
     checked = [r for r in rows if r.get("digest_match") is not None]
     out["digest_checked"] = len(checked)
     out["digest_failures"] = sum(not r["digest_match"] for r in checked)
-    for f in LATENCY_FIELDS:
+    for f in SUMMARY_METRICS:
         vals = [r.get(f) for r in rows]
-        out[f"{f}_p50"] = percentile(vals, 50)
+        out.update(p50_with_interval(vals, f"{f}_p50"))
         out[f"{f}_p90"] = percentile(vals, 90)
     tot_bytes = sum(r.get("bytes") or 0 for r in rows)
     tot_ms = sum(r.get("transfer_ms") or 0 for r in rows)
@@ -110,34 +104,32 @@ def summarize(rows: list[dict]) -> dict:
     return out
 
 
-def _fmt(v, spec=".1f") -> str:
-    if v is None:
-        return "-"
-    if isinstance(v, bool):
-        return "yes" if v else "NO"
-    if isinstance(v, float):
-        return format(v, spec)
-    return str(v)
+def run_summary(rows: list[dict], *, status: str, error: str | None, run_id: str, strategy: str, model: str,
+                workload: str, device: str, copy_ceiling_gbps: float | None, timings: dict,
+                engine_pids: dict) -> dict:
+    """summary.json: the statistics of the rows and what the run says about itself."""
+    return {**summarize(rows), "status": status, "error": error, "run_id": run_id, "strategy": strategy,
+            "model": model, "workload": workload, "device": device, "copy_ceiling_gbps": copy_ceiling_gbps,
+            "timings": timings, "engine_pids": engine_pids}
+
+
+REQUEST_COLUMNS = [
+    Column("#", "prompt_idx"), Column("prompt", "prompt_len"), Column("out", "output_len"), Column("match"),
+    Column("diverge@", "first_divergence"), Column("max|dlp|", "max_logprob_diff", ".1e"),
+    Column("digest", "digest_match"), Column("base ttft", "base_ttft_ms", ".1f"), Column("ttft", "ttft_ms", ".1f"),
+    Column("base e2e", "base_e2e_ms", ".1f"), Column("e2e", "e2e_ms", ".1f"), Column("xfer ms", "transfer_ms", ".2f"),
+    Column("bytes", "bytes"), Column("msgs", "messages"), Column("GB/s", "gbps", ".2f")]
 
 
 def format_table(rows: list[dict], summary: dict) -> str:
-    cols = [("#", "prompt_idx", "d"), ("prompt", "prompt_len", "d"), ("out", "output_len", "d"),
-            ("match", "match", ""), ("diverge@", "first_divergence", ""), ("max|dlp|", "max_logprob_diff", ".1e"),
-            ("digest", "digest_match", ""), ("base ttft", "base_ttft_ms", ".1f"), ("ttft", "ttft_ms", ".1f"),
-            ("base e2e", "base_e2e_ms", ".1f"), ("e2e", "e2e_ms", ".1f"), ("xfer ms", "transfer_ms", ".2f"),
-            ("bytes", "bytes", "d"), ("msgs", "messages", "d"), ("GB/s", "gbps", ".2f")]
-    table = [[h for h, _, _ in cols]]
-    for r in rows:
-        table.append([_fmt(r.get(k), s) if s else _fmt(r.get(k)) for _, k, s in cols])
-    widths = [max(len(row[i]) for row in table) for i in range(len(cols))]
-    lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in table]
+    """The per-request table a run prints at its end, and one line of its summary."""
     s = summary
-    lines.append("")
-    lines.append(
+    f = format_value
+    return "\n".join([
+        stats_table(rows, REQUEST_COLUMNS), "",
         f"match {s.get('requests', 0) - s.get('mismatches', 0)}/{s.get('requests', 0)}"
         f"  digest failures {s.get('digest_failures', 0)}/{s.get('digest_checked', 0)}"
-        f"  ttft p50 {_fmt(s.get('ttft_ms_p50'))} ms (baseline {_fmt(s.get('base_ttft_ms_p50'))})"
-        f"  e2e p50 {_fmt(s.get('e2e_ms_p50'))} ms (baseline {_fmt(s.get('base_e2e_ms_p50'))})"
-        f"  transfer p50 {_fmt(s.get('transfer_ms_p50'), '.2f')} ms p90 {_fmt(s.get('transfer_ms_p90'), '.2f')} ms"
-        f"  {_fmt(s.get('transfer_gbps'), '.2f')} GB/s")
-    return "\n".join(lines)
+        f"  ttft p50 {f(s.get('ttft_ms_p50'), '.1f')} ms (baseline {f(s.get('base_ttft_ms_p50'), '.1f')})"
+        f"  e2e p50 {f(s.get('e2e_ms_p50'), '.1f')} ms (baseline {f(s.get('base_e2e_ms_p50'), '.1f')})"
+        f"  transfer p50 {f(s.get('transfer_ms_p50'), '.2f')} ms p90 {f(s.get('transfer_ms_p90'), '.2f')} ms"
+        f"  {f(s.get('transfer_gbps'), '.2f')} GB/s"])

@@ -22,9 +22,11 @@ from omegaconf import DictConfig, OmegaConf
 from harness.ceiling import copy_ceiling_gbps
 from harness.compare import compare_outputs
 from harness.engine_process import EngineDied, EngineProcess, next_events, wait_ready
-from harness.records import PROJECT_ROOT, JsonlWriter, format_table, read_jsonl, summarize, versions, write_json
+from harness.records import PROJECT_ROOT, JsonlWriter, format_table, run_summary, versions, write_json
+from harness.schema import BaselineRow, RequestRow
 from harness.tracking import make_tracker
 from harness.workload import Prompt, Workload, WorkloadError
+from transfer_strategies.records import TransferRecord, TransferRecordReader
 from transfer_strategies.transport import shm_name
 
 
@@ -202,18 +204,19 @@ def pipeline(stages: list[tuple[EngineProcess, Callable[[Prompt, list[dict]], di
 
 
 class TransferStats:
-    """Reads the workers' per-transfer records as they are appended."""
+    """The workers' per-transfer records, read as they are appended: each file from where the
+    last read stopped, only when a record asked for is not in yet."""
 
     def __init__(self, *paths: Path):
-        self.paths = paths
-        self.rows: dict[tuple[str, str], dict] = {}
+        self.readers = [TransferRecordReader(p) for p in paths]
+        self.records: dict[tuple[str, str], TransferRecord] = {}
 
-    def get(self, transfer_id: str, side: str) -> dict:
-        if (transfer_id, side) not in self.rows:
-            for p in self.paths:
-                for r in read_jsonl(p):
-                    self.rows[(r["transfer_id"], r["side"])] = r
-        return self.rows.get((transfer_id, side), {})
+    def take(self, transfer_id: str, side: str) -> TransferRecord | None:
+        """The record of one transfer's side (None: the strategy writes none), handed out once."""
+        if (transfer_id, side) not in self.records:
+            for reader in self.readers:
+                self.records.update(((r.transfer_id, r.side), r) for r in reader.read_new())
+        return self.records.pop((transfer_id, side), None)
 
 
 def sampling_params(cfg: DictConfig, max_tokens: int, kv_transfer_params: dict | None = None) -> dict:
@@ -245,38 +248,44 @@ def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_r
     return params
 
 
-def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: list[dict], base: dict, stats: TransferStats,
-               transfer_id: str) -> dict:
+def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: list[dict], base: dict,
+               stats: TransferStats, transfer_id: str) -> dict:
+    """requests.jsonl's row for one prompt: the two engines' results, the baseline's row and
+    both sides' transfer records."""
     pre, dec = results
-    send, recv = stats.get(transfer_id, "send"), stats.get(transfer_id, "receive")
+    send, recv = stats.take(transfer_id, "send"), stats.take(transfer_id, "receive")
+
+    def sent(name):
+        return getattr(send, name) if send else None
+
+    def received(name):
+        return getattr(recv, name) if recv else None
+
     cmp = compare_outputs(base["token_ids"], dec["token_ids"], base["logprobs"], dec["logprobs"])
     ttft = (dec["first_token_t"] - t0) * 1e3
     digest_match = None
-    if send.get("digests") is not None and recv.get("digests") is not None:
-        digest_match = send["digests"] == recv["digests"]
+    if sent("digests") is not None and received("digests") is not None:
+        digest_match = send.digests == recv.digests
     # On a GPU the transfer is timed on the GPU's clock (CUDA events from the forward pass done
     # to the last payload written); the host's clock adds the wake-up latency of waiting for the
     # GPU at either end (host minus GPU clock was -0.10 to -0.02 ms on an H200).
-    transfer_ms = send.get("gpu_ms") if send.get("gpu_ms") is not None else recv.get("transfer_ms")
-    n_bytes = send.get("bytes")
-    return {
-        "run_id": run_id, "strategy": cfg.strategy.name, "model": cfg.model.name, "workload": cfg.workload.name,
-        "device": device,
-        "prompt_idx": p.index, "prompt_len": len(p.token_ids), "output_len": len(dec["token_ids"]),
-        **cmp.as_dict(), "prefill_token_match": pre["token_ids"][:1] == base["token_ids"][:1],
-        "digest_match": digest_match,
-        "base_ttft_ms": base["ttft_ms"], "base_e2e_ms": base["e2e_ms"],
-        "prefill_ms": (pre["finished_t"] - t0) * 1e3, "ttft_ms": ttft, "e2e_ms": (dec["finished_t"] - t0) * 1e3,
-        "ttft_overhead_ms": ttft - base["ttft_ms"],
-        "bytes": n_bytes, "messages": send.get("messages"), "blocks": send.get("blocks"),
-        "kv_cache_bytes": send.get("kv_cache_bytes"),
-        "skip_blocks": recv.get("skip_blocks"), "send_ms": send.get("send_ms"), "gpu_ms": send.get("gpu_ms"),
-        "transfer_ms": transfer_ms, "transfer_host_ms": recv.get("transfer_ms"),
-        "load_ms": recv.get("load_ms"), "ready_ms": recv.get("ready_ms"),
-        "notify_ms": recv.get("notify_ms"),
-        "gbps": n_bytes / transfer_ms / 1e6 if n_bytes and transfer_ms else None,
-        "token_ids": dec["token_ids"], "base_token_ids": base["token_ids"],
-    }
+    transfer_ms = sent("gpu_ms") if sent("gpu_ms") is not None else received("transfer_ms")
+    n_bytes = sent("bytes")
+    return RequestRow(
+        run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name, workload=cfg.workload.name, device=device,
+        prompt_idx=p.index, prompt_len=len(p.token_ids), output_len=len(dec["token_ids"]),
+        match=cmp.match, first_divergence=cmp.first_divergence, max_logprob_diff=cmp.max_logprob_diff,
+        prefill_token_match=pre["token_ids"][:1] == base["token_ids"][:1], digest_match=digest_match,
+        base_ttft_ms=base["ttft_ms"], base_e2e_ms=base["e2e_ms"],
+        prefill_ms=(pre["finished_t"] - t0) * 1e3, ttft_ms=ttft, e2e_ms=(dec["finished_t"] - t0) * 1e3,
+        ttft_overhead_ms=ttft - base["ttft_ms"],
+        bytes=n_bytes, messages=sent("messages"), blocks=sent("blocks"), kv_cache_bytes=sent("kv_cache_bytes"),
+        skip_blocks=received("skip_blocks"), send_ms=sent("send_ms"), gpu_ms=sent("gpu_ms"),
+        transfer_ms=transfer_ms, transfer_host_ms=received("transfer_ms"),
+        load_ms=received("load_ms"), ready_ms=received("ready_ms"), notify_ms=received("notify_ms"),
+        gbps=n_bytes / transfer_ms / 1e6 if n_bytes and transfer_ms else None,
+        token_ids=dec["token_ids"], base_token_ids=base["token_ids"],
+    ).to_dict()
 
 
 # ---------------------------------------------------------------------- the run
@@ -343,9 +352,9 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
 
         def on_base(p: Prompt, t0: float, results: list[dict]) -> None:
             (r,) = results
-            row = {"run_id": run_id, "prompt_idx": p.index, "prompt_len": len(p.token_ids),
-                   "ttft_ms": (r["first_token_t"] - t0) * 1e3, "e2e_ms": (r["finished_t"] - t0) * 1e3,
-                   "token_ids": r["token_ids"], "logprobs": r["logprobs"]}
+            row = BaselineRow(run_id=run_id, prompt_idx=p.index, prompt_len=len(p.token_ids),
+                              ttft_ms=(r["first_token_t"] - t0) * 1e3, e2e_ms=(r["finished_t"] - t0) * 1e3,
+                              token_ids=r["token_ids"], logprobs=r["logprobs"]).to_dict()
             base_rows[p.index] = row
             base_out.write(row)
 
@@ -392,12 +401,12 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
 
     timings["engine_startup_s"] = {n: round(e.startup_s, 2) for n, e in engines.items()}
     timings["total_s"] = time.monotonic() - t_run
-    summary = summarize(rows)
+    summary = run_summary(rows, status=status, error=error, run_id=run_id, strategy=cfg.strategy.name,
+                          model=cfg.model.name, workload=cfg.workload.name, device=device, copy_ceiling_gbps=ceiling,
+                          timings=timings, engine_pids={n: e.proc.pid for n, e in engines.items()})
     if status == "ok" and (summary.get("mismatches") or summary.get("digest_failures")):
         status, code = "mismatch", 1
-    summary.update(status=status, error=error, run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name,
-                   workload=cfg.workload.name, device=device, copy_ceiling_gbps=ceiling, timings=timings,
-                   engine_pids={n: e.proc.pid for n, e in engines.items()})
+        summary["status"] = status
     write_json(run_dir / "summary.json", summary)
     if rows:
         print(format_table(rows, summary))

@@ -8,8 +8,14 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-COLUMNS = ["job", "overrides", "status", "strategy", "model", "workload", "requests", "match_rate", "digest_failures",
-           "ttft_ms_p50", "base_ttft_ms_p50", "e2e_ms_p50", "transfer_ms_p50", "bytes_p50", "transfer_gbps"]
+from harness.stats import Column, format_table
+
+# p50s with their bootstrap interval (summary.json's _lo/_hi): the jobs are compared
+COLUMNS = [Column(k) for k in ("job", "overrides", "status", "strategy", "model", "workload", "requests",
+                               "match_rate", "digest_failures")]
+COLUMNS += [Column(k, interval=True) for k in ("ttft_ms_p50", "base_ttft_ms_p50", "e2e_ms_p50", "transfer_ms_p50")]
+COLUMNS += [Column("bytes_p50"), Column("transfer_gbps")]
+KEYS = [k for c in COLUMNS for k in ([c.key, f"{c.key}_lo", f"{c.key}_hi"] if c.interval else [c.key])]
 
 
 def sweep_rows(sweep_dir: Path) -> list[dict]:
@@ -25,19 +31,12 @@ def sweep_rows(sweep_dir: Path) -> list[dict]:
         overrides = job / ".hydra" / "overrides.yaml"
         s["overrides"] = (" ".join(OmegaConf.to_container(OmegaConf.load(overrides)))
                           if overrides.exists() else None)
-        rows.append({"job": job.name, **{k: s.get(k) for k in COLUMNS if k != "job"}})
+        rows.append({"job": job.name, **{k: s.get(k) for k in KEYS if k != "job"}})
     return rows
 
 
 def format_rows(rows: list[dict]) -> str:
-    def cell(v):
-        if isinstance(v, float):
-            return f"{v:.3g}"
-        return "-" if v is None else str(v)
-
-    table = [COLUMNS] + [[cell(r.get(c)) for c in COLUMNS] for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(len(COLUMNS))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in table)
+    return format_table(rows, COLUMNS, align="left")
 
 
 class SweepSummary(Callback):

@@ -6,7 +6,8 @@ in the same run.
         [--two-gpus] [--set STRATEGY:KEY=VALUE ...] [-- harness overrides ...]
 
 One harness run per strategy (its prompts cover every length, one request in flight at a
-time), then one table per strategy and prompt length (medians):
+time), then one table per strategy and prompt length (medians, each with its 95% bootstrap
+interval where the requests differ):
   transfer ms     the sender starts gathering -> the last byte is in the decode engine's memory
                   (on a GPU: on the GPU's clock, CUDA events)
   host clock ms   the same on the host's clock
@@ -26,14 +27,17 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pandas as pd
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness.ceiling import copy_ceiling_gbps
+from harness.results import load_requests
+from harness.stats import Column, format_table, p50_with_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -80,7 +84,7 @@ def main() -> int:
     ceiling_before = ceiling_now()
     print(f"copy ceiling before: {ceiling_before:.2f} GB/s", flush=True)
 
-    rows = []
+    codes = []
     for strategy in args.strategies.split(","):
         run_dir = out / strategy
         cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}", f"strategy={strategy}",
@@ -88,58 +92,23 @@ def main() -> int:
                f"engine.max_model_len={max(lengths) + 64}", "sampling.max_tokens=4",
                *overrides_for(strategy, args.overrides, args.set)]
         print(f"--- {strategy}: {' '.join(cmd[2:])}", flush=True)
-        code = subprocess.run(cmd, cwd=ROOT).returncode
-        got = [json.loads(x) for x in (run_dir / "requests.jsonl").read_text().splitlines() if x.strip()]
-        for r in got:
-            r["exit_code"] = code
-        rows += got
+        codes.append(subprocess.run(cmd, cwd=ROOT).returncode)
 
     ceiling_after = ceiling_now()
     ceiling = max(ceiling_before, ceiling_after)
     print(f"copy ceiling after: {ceiling_after:.2f} GB/s", flush=True)
 
-    def med(rs, k):
-        vals = [r[k] for r in rs if r.get(k) is not None]
-        return statistics.median(vals) if vals else None
-
-    lines = [f"ceiling ({ceiling_of}, same run): {ceiling:.2f} GB/s "
-             f"(before {ceiling_before:.2f}, after {ceiling_after:.2f})", "",
-             "| strategy | prompt | KV bytes moved | messages | transfer ms | host clock ms | GB/s | of ceiling | notify ms "
-             "| KV ready ms | TTFT ms (baseline) | TTFT overhead | prefill TTFT overhead | match | digests |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    csv = ["strategy,prompt_len,bytes,messages,transfer_ms,transfer_host_ms,gbps,ceiling_share,notify_ms,ready_ms,ttft_ms,"
-           "base_ttft_ms,ttft_overhead_ms,prefill_ttft_overhead_ms,match_rate,digest_ok"]
-    for strategy in args.strategies.split(","):
-        for n in lengths:
-            rs = [r for r in rows if r["strategy"] == strategy and r["prompt_len"] == n]
-            if not rs:
-                continue
-            gbps = med(rs, "gbps")
-            share = gbps / ceiling if gbps else None
-            match = sum(bool(r["match"]) for r in rs) / len(rs)
-            digest = all(r["digest_match"] for r in rs)
-            for r in rs:
-                r["prefill_ttft_overhead_ms"] = r["prefill_ms"] - r["base_ttft_ms"]
-            ttft, base = med(rs, "ttft_ms"), med(rs, "base_ttft_ms")
-            vals = [med(rs, "bytes"), med(rs, "messages"), med(rs, "transfer_ms"), med(rs, "transfer_host_ms"), gbps, share,
-                    med(rs, "notify_ms"), med(rs, "ready_ms"), ttft, base, med(rs, "ttft_overhead_ms"),
-                    med(rs, "prefill_ttft_overhead_ms")]
-            fmt = ["{:.0f}", "{:.0f}", "{:.3f}", "{:.3f}", "{:.2f}", "{:.2f}", "{:.3f}", "{:.3f}", "{:.1f}", "{:.1f}",
-                   "{:.1f}", "{:.1f}"]
-            cells = [f.format(v) if v is not None else "-" for f, v in zip(fmt, vals)]
-            cells[8:10] = [f"{cells[8]} ({cells[9]})"]
-            for i in (9, 10):  # the overheads also as a share of the baseline's TTFT
-                v = vals[i + 1]
-                cells[i] += f" ({v / base:+.0%})" if v is not None and base else ""
-            lines.append(f"| {strategy} | {n} | " + " | ".join(cells) + f" | {match:.0%} | {'ok' if digest else 'FAIL'} |")
-            csv.append(",".join([strategy, str(n), *[str(v) for v in vals], str(match), str(digest)]))
-    table = "\n".join(lines)
+    strategies = args.strategies.split(",")
+    rows = strategy_rows(load_requests(*(out / s for s in strategies)), strategies, ceiling)
+    title = (f"ceiling ({ceiling_of}, same run): {ceiling:.2f} GB/s "
+             f"(before {ceiling_before:.2f}, after {ceiling_after:.2f})")
+    table = f"{title}\n\n{strategy_table(rows)}\n\n{INTERVAL_NOTE}"
     (out / "table.md").write_text(table + "\n")
-    (out / "rows.csv").write_text("\n".join(csv) + "\n")
+    pd.DataFrame(rows, columns=CSV_COLUMNS).to_csv(out / "rows.csv", index=False)
     print(table)
-    plot(out, title=lines[0])
+    plot(out, title=title)
     print(f"\nwritten: {out / 'table.md'}, {out / 'rows.csv'}, {out / 'figure.png'}")
-    return 0 if all(r["exit_code"] == 0 for r in rows) else 1
+    return 0 if all(c == 0 for c in codes) else 1
 
 
 def overrides_for(strategy: str, overrides: list[str], sets: list[str]) -> list[str]:
@@ -154,6 +123,59 @@ def overrides_for(strategy: str, overrides: list[str], sets: list[str]) -> list[
             mine.append(override)
     keys = {o.split("=", 1)[0] for o in mine}
     return [o for o in overrides if o.split("=", 1)[0] not in keys] + mine
+
+
+# Per strategy and prompt length: the median of the requests, with its bootstrap interval
+MEDIANS = ["bytes", "messages", "transfer_ms", "transfer_host_ms", "gbps", "notify_ms", "ready_ms", "ttft_ms",
+           "base_ttft_ms", "ttft_overhead_ms", "prefill_ttft_overhead_ms"]
+CSV_COLUMNS = (["strategy", "prompt_len", "bytes", "messages", "transfer_ms", "transfer_host_ms", "gbps",
+                "ceiling_share", "notify_ms", "ready_ms", "ttft_ms", "base_ttft_ms", "ttft_overhead_ms",
+                "prefill_ttft_overhead_ms", "match_rate", "digest_ok"]
+               + [f"{k}_{end}" for k in [*MEDIANS, "ceiling_share"] for end in ("lo", "hi")])
+INTERVAL_NOTE = ("Each value is the median of that strategy's requests of that length; [lo, hi] is its 95% bootstrap "
+                 "interval (1000 resamples, harness/stats.py), shown where the requests differ.")
+
+
+def strategy_rows(requests: pd.DataFrame, strategies: list[str], ceiling: float) -> list[dict]:
+    """One row per strategy and prompt length of the runs' requests (harness.results.load_requests)."""
+    rows = []
+    for strategy in strategies if len(requests) else []:
+        for n, g in requests[requests["strategy"] == strategy].groupby("prompt_len"):
+            g = g.assign(prefill_ttft_overhead_ms=g["prefill_ms"] - g["base_ttft_ms"])
+            row = {"strategy": strategy, "prompt_len": int(n)}
+            for k in MEDIANS:
+                row.update(p50_with_interval(g[k], k))
+            for end in ("", "_lo", "_hi"):
+                gbps = row[f"gbps{end}"]
+                row[f"ceiling_share{end}"] = gbps / ceiling if gbps else None
+            row["match_rate"] = float(g["match"].map(_true).mean())
+            row["digest_ok"] = bool(g["digest_match"].map(_true).all())
+            rows.append(row)
+    return rows
+
+
+def _true(v) -> bool:
+    return v is not None and v == v and bool(v)  # NaN (no value in a pandas column) != NaN
+
+
+def strategy_table(rows: list[dict]) -> str:
+    """The Markdown table of strategy_rows: each median with its interval."""
+    def overhead(key):  # also as a share of the baseline's TTFT
+        median = Column(key, spec=".1f", interval=True)
+        return lambda r: median.cell(r) + (f" ({r[key] / r['base_ttft_ms']:+.0%})" if r[key] is not None
+                                           and r["base_ttft_ms"] else "")
+
+    columns = [Column("strategy"), Column("prompt", "prompt_len"), Column("KV bytes moved", "bytes", ".0f", True),
+               Column("messages", "messages", ".0f", True), Column("transfer ms", "transfer_ms", ".3f", True),
+               Column("host clock ms", "transfer_host_ms", ".3f", True), Column("GB/s", "gbps", ".2f", True),
+               Column("of ceiling", "ceiling_share", ".2f", True), Column("notify ms", "notify_ms", ".3f", True),
+               Column("KV ready ms", "ready_ms", ".3f", True), Column("TTFT ms", "ttft_ms", ".1f", True),
+               Column("baseline TTFT ms", "base_ttft_ms", ".1f", True),
+               Column("TTFT overhead", overhead("ttft_overhead_ms")),
+               Column("prefill TTFT overhead", overhead("prefill_ttft_overhead_ms")),
+               Column("match", lambda r: f"{r['match_rate']:.0%}"),
+               Column("digests", lambda r: "ok" if r["digest_ok"] else "FAIL")]
+    return format_table(rows, columns, markdown=True)
 
 
 def plot(out: Path, title: str | None = None) -> None:

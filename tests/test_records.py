@@ -7,8 +7,9 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from harness.records import JsonlWriter, percentile, read_jsonl, summarize
+from harness.records import JsonlWriter, format_table, read_jsonl, summarize
 from harness.results import load_requests, load_runs
+from harness.schema import SCHEMA_VERSION
 from harness.sweep import format_rows, sweep_rows
 from harness.workload import Prompt, Workload, WorkloadError, jsonl, synthetic, text_prompts
 
@@ -24,12 +25,6 @@ class FakeTokenizer:
 
     def __call__(self, text):
         return type("Enc", (), {"input_ids": [2 + (ord(c) % 40) for c in text]})()
-
-
-def test_percentile():
-    assert percentile([1, 2, 3, 4], 50) == 2.5
-    assert percentile([5], 90) == 5
-    assert percentile([None, float("nan")], 50) is None
 
 
 def test_jsonl_rows_are_on_disk_as_soon_as_written(tmp_path):
@@ -49,6 +44,13 @@ def test_summary_counts_mismatches_and_digest_failures():
     assert s["requests"] == 3 and s["mismatches"] == 1 and abs(s["match_rate"] - 2 / 3) < 1e-9
     assert s["digest_checked"] == 2 and s["digest_failures"] == 1
     assert s["ttft_ms_p50"] == 20.0 and s["transfer_gbps"] == 400 / 2.0 / 1e6
+    assert s["ttft_ms_p50_lo"] <= 20.0 <= s["ttft_ms_p50_hi"] and s["ttft_ms_p50_lo"] < s["ttft_ms_p50_hi"]
+    assert s["gpu_ms_p50"] is None and s["gpu_ms_p50_lo"] is None  # not measured on the CPU
+    assert s["schema_version"] == 1  # rows without schema_version are version 1
+    assert summarize([{**r, "schema_version": SCHEMA_VERSION} for r in rows])["schema_version"] == SCHEMA_VERSION
+    table = format_table([{**rows[0], "prompt_idx": 0, "prompt_len": 5}], s).splitlines()
+    assert table[0].split()[:3] == ["#", "prompt", "out"] and table[1].split()[:3] == ["0", "5", "-"]
+    assert "match 2/3  digest failures 1/2  ttft p50 20.0 ms" in table[-1]
 
 
 def test_workloads_and_their_errors(tmp_path):
@@ -84,23 +86,42 @@ def test_config_composes_with_every_group():
         assert compose("config", overrides=["strategy=full_cache", "engine.kv_cache_gib=2"]).engine.kv_cache_gib == 2
 
 
-def _fake_run(d: Path, status="ok"):
+def _fake_run(d: Path, status="ok", block_size=32, version=None):
     (d / ".hydra").mkdir(parents=True)
-    (d / ".hydra" / "overrides.yaml").write_text("- strategy=fused\n- workload.prompt_len=64\n")
-    (d / "meta.json").write_text(json.dumps({"versions": {"vllm": "0.32.0", "torch": "2.13", "git_sha": "abc"}}))
+    (d / ".hydra" / "overrides.yaml").write_text(f"- strategy=fused\n- engine.block_size={block_size}\n")
+    (d / ".hydra" / "config.yaml").write_text(
+        f"engine:\n  block_size: {block_size}\n  extra: {{}}\nworkload:\n  concurrency: 2\n"
+        "model:\n  path: ${project_root:}/models/m\nstrategy:\n  name: fused\n  requires: [a, b]\n")
+    (d / "meta.json").write_text(json.dumps({"versions": {"vllm": "0.32.0", "torch": "2.13", "git_sha": "abc"},
+                                             "config": {"model": {"path": "/root/models/m"}}}))
     (d / "summary.json").write_text(json.dumps({"status": status, "strategy": "fused", "requests": 1,
-                                                "timings": {"startup_s": 3.0}}))
-    (d / "requests.jsonl").write_text(json.dumps({"prompt_len": 5, "ttft_ms": 1.0, "token_ids": [1]}) + "\n")
+                                                "timings": {"startup_s": 3.0}, "ttft_ms_p50": 1.0,
+                                                "ttft_ms_p50_lo": 0.5, "ttft_ms_p50_hi": 2.0}))
+    row = {"prompt_len": 5, "ttft_ms": 1.0, "token_ids": [1], "base_token_ids": [1]}
+    (d / "requests.jsonl").write_text(json.dumps(row if version is None else {**row, "schema_version": version}) + "\n")
 
 
-def test_results_load_into_pandas_and_sweep_table(tmp_path):
-    _fake_run(tmp_path / "sweep" / "0_a")
-    _fake_run(tmp_path / "sweep" / "1_b", status="engine_failed")
+def test_results_load_into_pandas_with_config_columns_and_sweep_table(tmp_path):
+    _fake_run(tmp_path / "sweep" / "0_a", version=SCHEMA_VERSION)
+    _fake_run(tmp_path / "sweep" / "1_b", status="engine_failed", block_size=64)
     df = load_requests(tmp_path)
     assert len(df) == 2 and "token_ids" not in df and set(df["vllm"]) == {"0.32.0"}
+    assert list(df["schema_version"]) == [SCHEMA_VERSION, 1]  # the second was written before versions
+    assert list(df["engine.block_size"]) == [32, 64] and set(df["workload.concurrency"]) == {2}
+    assert df.groupby("engine.block_size").size().to_dict() == {32: 1, 64: 1}
+    assert set(df["model.path"]) == {"/root/models/m"}  # resolved by the run (meta.json), not here
+    assert set(df["strategy.requires"]) == {("a", "b")} and df["transfer_ms"].isna().all()
     runs = load_runs(tmp_path)
-    assert list(runs["timings.startup_s"]) == [3.0, 3.0]
+    assert list(runs["timings.startup_s"]) == [3.0, 3.0] and list(runs["engine.block_size"]) == [32, 64]
     rows = sweep_rows(tmp_path / "sweep")
     assert [r["status"] for r in rows] == ["ok", "engine_failed"]
-    assert rows[0]["overrides"] == "strategy=fused workload.prompt_len=64"
-    assert "engine_failed" in format_rows(rows)
+    assert rows[0]["overrides"] == "strategy=fused engine.block_size=32"
+    table = format_rows(rows)
+    assert "engine_failed" in table and "1 [0.5, 2]" in table  # the jobs' p50s with their intervals
+
+
+def test_a_run_killed_before_its_summary_still_loads(tmp_path):
+    _fake_run(tmp_path / "run")
+    (tmp_path / "run" / "summary.json").unlink()
+    assert len(load_requests(tmp_path)) == 1
+    assert load_runs(tmp_path)["status"].tolist() == [None]

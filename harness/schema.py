@@ -1,0 +1,88 @@
+"""The rows a run writes, defined once: the writer (harness/run.py), the pandas loader
+(harness/results.py) and the test of results/README.md all use these classes.
+
+    baseline.jsonl   BaselineRow, one per prompt of the colocated engine
+    requests.jsonl   RequestRow, one per prompt of the disaggregated run
+    *-transfers.jsonl  TransferRecord (transfer_strategies/records.py), one per transfer per side
+
+Every row carries schema_version (SCHEMA_VERSION when written); rows of version 1 have none.
+results/README.md says what each version means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from transfer_strategies.records import SCHEMA_VERSION, UNVERSIONED, TransferRecord
+
+__all__ = ["SCHEMA_VERSION", "UNVERSIONED", "BaselineRow", "RequestRow", "TransferRecord", "SUMMARY_METRICS",
+           "field_names"]
+
+
+@dataclass
+class BaselineRow:
+    run_id: str
+    prompt_idx: int
+    prompt_len: int
+    ttft_ms: float
+    e2e_ms: float
+    token_ids: list[int]
+    logprobs: list[float] | None
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class RequestRow:
+    run_id: str
+    strategy: str
+    model: str
+    workload: str
+    device: str
+    prompt_idx: int
+    prompt_len: int
+    output_len: int
+    # the decode output against the baseline's (harness/compare.py)
+    match: bool
+    first_divergence: int | None
+    max_logprob_diff: float | None
+    prefill_token_match: bool
+    digest_match: bool | None  # None: no digests (vLLM's own connectors, verify off)
+    base_ttft_ms: float
+    base_e2e_ms: float
+    prefill_ms: float
+    ttft_ms: float
+    e2e_ms: float
+    ttft_overhead_ms: float
+    # from the transfer records; None where the strategy writes none
+    bytes: int | None
+    messages: int | None
+    blocks: int | None
+    kv_cache_bytes: int | None
+    skip_blocks: int | None
+    send_ms: float | None
+    gpu_ms: float | None
+    transfer_ms: float | None
+    transfer_host_ms: float | None
+    load_ms: float | None
+    ready_ms: float | None
+    notify_ms: float | None
+    gbps: float | None
+    token_ids: list[int]
+    base_token_ids: list[int]
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+# Request fields that summary.json reports as <field>_p50, <field>_p90 and the p50's interval
+SUMMARY_METRICS = ["base_ttft_ms", "base_e2e_ms", "ttft_ms", "e2e_ms", "ttft_overhead_ms", "transfer_ms", "gpu_ms",
+                   "notify_ms", "send_ms", "load_ms", "bytes", "messages", "gbps"]
+
+
+def field_names(cls) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]

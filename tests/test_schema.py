@@ -1,0 +1,120 @@
+"""The record schema: the transfer records cross the process boundary and are joined into
+request rows; results/README.md documents exactly the fields that exist."""
+
+import json
+import re
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from harness.records import run_summary
+from harness.run import TransferStats, disagg_row
+from harness.schema import SCHEMA_VERSION, SUMMARY_METRICS, BaselineRow, RequestRow, field_names
+from harness.workload import Prompt
+from transfer_strategies.records import TransferRecord, TransferRecordReader, TransferRecordWriter
+
+README = Path(__file__).resolve().parent.parent / "results" / "README.md"
+
+
+def documented(heading: str) -> set[str]:
+    """The names in the first column of the table under the README heading that starts so."""
+    text = README.read_text()
+    section = text[text.index(f"\n## {heading}"):]
+    section = section[:section.find("\n## ", 1)] if "\n## " in section[1:] else section
+    names = set()
+    for line in section.splitlines():
+        if line.startswith("| ") and not line.startswith(("| column", "| field", "| key", "| ---")):
+            names.update(n.strip().strip("`") for n in line.split("|")[1].split(","))
+    return names
+
+
+def expand(names: set[str]) -> set[str]:
+    return {n.replace("<metric>", m) for n in names for m in SUMMARY_METRICS}
+
+
+def test_readme_documents_every_field_of_every_row_and_no_other():
+    assert documented("requests.jsonl") == set(field_names(RequestRow))
+    assert documented("baseline.jsonl") == set(field_names(BaselineRow))
+    assert documented("prefill-transfers.jsonl") == set(field_names(TransferRecord))
+
+
+def test_readme_documents_every_summary_key_and_no_other():
+    rows = [_request_row(match=True), _request_row(match=False)]
+    summary = run_summary(rows, status="mismatch", error=None, run_id="r", strategy="fused", model="m",
+                          workload="w", device="cpu", copy_ceiling_gbps=5.0, timings={}, engine_pids={})
+    assert summary["schema_version"] == SCHEMA_VERSION and summary["mismatches"] == 1
+    assert expand(documented("summary.json")) == set(summary) | {"recomputed"}
+
+
+def _request_row(**kw) -> dict:
+    row = dict.fromkeys(field_names(RequestRow))
+    row.update(schema_version=SCHEMA_VERSION, ttft_ms=10.0, transfer_ms=1.0, bytes=1000, **kw)
+    return row
+
+
+def _record(side: str, tid: str = "t-0", **kw) -> TransferRecord:
+    return TransferRecord(transfer_id=tid, side=side, strategy="FusedConnector", blocks=2, skip_blocks=0, tokens=63,
+                          kv_cache_blocks=100, kv_cache_bytes=10**6, bytes=2000, messages=1, **kw)
+
+
+def test_records_are_read_from_where_the_last_read_stopped(tmp_path):
+    path = tmp_path / "prefill-transfers.jsonl"
+    writer, reader = TransferRecordWriter(path), TransferRecordReader(path)
+    assert reader.read_new() == []  # the worker has not written yet
+    writer.write(_record("send", "a", send_ms=1.0))
+    writer.write(_record("send", "b", digests=["00ff"]))
+    assert [r.transfer_id for r in reader.read_new()] == ["a", "b"]
+    assert reader.read_new() == []
+    with open(path, "a") as f:  # a line the worker is still writing
+        f.write(json.dumps(_record("send", "c").to_dict())[:20])
+    assert reader.read_new() == []
+    with open(path, "a") as f:
+        f.write(json.dumps(_record("send", "c").to_dict())[20:] + "\n")
+    (c,) = reader.read_new()
+    assert c == _record("send", "c") and c.schema_version == SCHEMA_VERSION
+
+
+def test_an_unversioned_record_loads_as_version_1():
+    old = {k: v for k, v in _record("receive", transfer_ms=2.0).to_dict().items()
+           if k not in ("schema_version", "gpu_ms", "digests")}
+    rec = TransferRecord.from_dict({**old, "field_of_the_future": 1})
+    assert rec.schema_version == 1 and rec.transfer_ms == 2.0 and rec.digests is None
+
+
+def test_disagg_row_joins_both_sides_records(tmp_path):
+    sends, receives = tmp_path / "prefill-transfers.jsonl", tmp_path / "decode-transfers.jsonl"
+    stats = TransferStats(sends, receives)
+    TransferRecordWriter(sends).write(_record("send", "t-0", send_ms=0.5, digests=["aa", "bb"]))
+    TransferRecordWriter(receives).write(_record("receive", "t-0", transfer_ms=0.25, notify_ms=0.1, load_ms=0.3,
+                                                 ready_ms=0.4, digests=["aa", "bc"]))
+    cfg = OmegaConf.create({"strategy": {"name": "fused"}, "model": {"name": "m"}, "workload": {"name": "w"}})
+    base = BaselineRow(run_id="r", prompt_idx=0, prompt_len=64, ttft_ms=5.0, e2e_ms=9.0, token_ids=[1, 2, 3],
+                       logprobs=[-0.1, -0.2, -0.3]).to_dict()
+    results = [{"token_ids": [1], "finished_t": 100.004},
+               {"token_ids": [1, 2, 4], "logprobs": [-0.1, -0.2, -0.5], "first_token_t": 100.010,
+                "finished_t": 100.020}]
+    row = disagg_row(cfg, "r", "cpu", Prompt(0, list(range(64))), 100.0, results, base, stats, "t-0")
+    assert list(row) == field_names(RequestRow) and row["schema_version"] == SCHEMA_VERSION
+    assert row["digest_match"] is False and row["match"] is False and row["first_divergence"] == 2
+    assert row["transfer_ms"] == row["transfer_host_ms"] == 0.25 and row["gpu_ms"] is None
+    assert row["gbps"] == 2000 / 0.25 / 1e6 and row["send_ms"] == 0.5 and row["notify_ms"] == 0.1
+    assert abs(row["ttft_overhead_ms"] - 5.0) < 1e-6
+    # a strategy without records (vLLM's own connectors): the row has no transfer columns
+    row = disagg_row(cfg, "r", "cpu", Prompt(1, [5]), 100.0, results, base, stats, "t-1")
+    assert row["bytes"] is None and row["transfer_ms"] is None and row["digest_match"] is None
+
+
+def test_on_a_gpu_transfer_ms_is_the_gpu_clock(tmp_path):
+    sends, receives = tmp_path / "s.jsonl", tmp_path / "r.jsonl"
+    TransferRecordWriter(sends).write(_record("send", gpu_ms=0.2))
+    TransferRecordWriter(receives).write(_record("receive", transfer_ms=0.3))
+    cfg = OmegaConf.create({"strategy": {"name": "fused"}, "model": {"name": "m"}, "workload": {"name": "w"}})
+    base = {"token_ids": [1], "logprobs": None, "ttft_ms": 1.0, "e2e_ms": 1.0}
+    results = [{"token_ids": [1], "finished_t": 1.0}, {"token_ids": [1], "logprobs": None, "first_token_t": 1.0,
+                                                       "finished_t": 1.0}]
+    row = disagg_row(cfg, "r", "cuda", Prompt(0, [1]), 0.0, results, base, TransferStats(sends, receives), "t-0")
+    assert (row["transfer_ms"], row["transfer_host_ms"], row["gpu_ms"]) == (0.2, 0.3, 0.2)
+
+
+def test_schema_version_is_in_the_readme_table_of_versions():
+    assert re.search(rf"^\| {SCHEMA_VERSION} \|", README.read_text(), re.M)
