@@ -1,0 +1,75 @@
+"""Every committed result (results/cpu, results/gpu) is a run directory the loader reads, and
+what it loads agrees with what was committed beside it: the benchmark's rows.csv medians come
+back from the runs' requests, and the reconstructed configs match what the rows measured."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.results import find_runs, load_requests, load_runs
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMITTED = [ROOT / "results" / "cpu", ROOT / "results" / "gpu"]
+KEY_COLUMNS = ["strategy", "prompt_len", "match", "digest_match", "ttft_ms", "base_ttft_ms", "transfer_ms", "bytes",
+               "messages", "gbps", "schema_version", "strategy.name", "engine.kv_cache_gib", "engine.max_model_len",
+               "model.name", "device.type", "vllm", "git_sha"]
+
+_spec = importlib.util.spec_from_file_location("bench_strategies", ROOT / "scripts" / "bench_strategies.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def run_dirs() -> list[Path]:
+    return find_runs(*COMMITTED)
+
+
+def bench_dirs() -> list[Path]:
+    return sorted(p.parent for d in COMMITTED for p in d.rglob("rows.csv") if find_runs(p.parent))
+
+
+def test_every_committed_run_directory_loads():
+    runs = load_runs(*COMMITTED)
+    assert len(runs) == len(run_dirs()) >= 30
+    assert set(runs["status"]) == {"ok"} and (runs["strategy"] == runs["strategy.name"]).all()
+    assert runs["git_sha"].str.fullmatch("[0-9a-f]{40}").all() and runs["reconstructed"].all()
+    assert set(runs["schema_version"]) == {1}
+    # the check runs kept only their summaries; every benchmark run kept its requests
+    with_requests = {str(d) for d in run_dirs() if (d / "requests.jsonl").exists()}
+    assert {str(d) for d in run_dirs() if "/check-" not in str(d)} == with_requests
+
+
+@pytest.mark.parametrize("run", run_dirs(), ids=lambda p: str(p.relative_to(ROOT / "results")))
+def test_requests_load_with_their_key_columns(run):
+    lines = [x for x in (run / "requests.jsonl").read_text().splitlines() if x.strip()] \
+        if (run / "requests.jsonl").exists() else []
+    df = load_requests(run)
+    assert len(df) == len(lines)
+    if not lines:
+        return
+    assert not df[["strategy", "prompt_len", "ttft_ms", "transfer_ms", "bytes", "strategy.name"]].isna().any().any()
+    assert set(KEY_COLUMNS) <= set(df.columns)
+    assert df["match"].all() and df["digest_match"].all() and (df["schema_version"] == 1).all()
+    assert (df["strategy"] == df["strategy.name"]).all()
+    # the reconstructed config is the one these requests ran under
+    assert (df["prompt_len"] + df["output_len"] <= df["engine.max_model_len"]).all()
+    cache = df["engine.kv_cache_gib"] * 2**30
+    assert ((df["kv_cache_bytes"] - cache).abs() <= 0.01 * cache).all()
+    assert (df["device.type"] == df["device"]).all()
+
+
+@pytest.mark.parametrize("out", bench_dirs(), ids=lambda p: str(p.relative_to(ROOT / "results")))
+def test_benchmark_table_medians_come_back_from_its_runs(out):
+    committed = pd.read_csv(out / "rows.csv")
+    strategies = [s for s in dict.fromkeys(committed["strategy"]) if (out / s).is_dir()]
+    rows = pd.DataFrame(bench.strategy_rows(load_requests(out), strategies, ceiling=1.0))
+    committed = committed[committed["strategy"].isin(strategies)]
+    assert len(rows) == len(committed)
+    merged = committed.merge(rows, on=["strategy", "prompt_len"], suffixes=("", "_loaded"))
+    compared = [c for c in bench.MEDIANS if c in committed.columns]
+    assert len(merged) == len(committed) and {"transfer_ms", "bytes", "gbps"} <= set(compared)
+    for c in compared:
+        for want, got in zip(merged[c], merged[f"{c}_loaded"], strict=True):
+            assert math.isclose(want, got, rel_tol=1e-9), (c, want, got)
