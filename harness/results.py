@@ -117,7 +117,12 @@ def load_runs(*paths: str | Path) -> pd.DataFrame:
     rows = []
     for run in find_runs(*paths):
         summary_file = run / "summary.json"
-        s = json.loads(summary_file.read_text()) if summary_file.exists() else {"status": None}
+        if summary_file.exists():
+            s = json.loads(summary_file.read_text())
+        else:  # killed before its summary: the version of the rows it wrote
+            written = read_jsonl(run / "requests.jsonl")
+            s = {"status": None, "schema_version": min((r.get("schema_version", UNVERSIONED) for r in written),
+                                                         default=UNVERSIONED)}
         s.setdefault("schema_version", UNVERSIONED)
         s.setdefault("recomputed", False)
         timings = s.pop("timings", {}) or {}

@@ -121,7 +121,8 @@ def test_results_load_into_pandas_with_config_columns_and_sweep_table(tmp_path):
 
 
 def test_a_run_killed_before_its_summary_still_loads(tmp_path):
-    _fake_run(tmp_path / "run")
+    _fake_run(tmp_path / "run", version=SCHEMA_VERSION)
     (tmp_path / "run" / "summary.json").unlink()
     assert len(load_requests(tmp_path)) == 1
-    assert load_runs(tmp_path)["status"].tolist() == [None]
+    runs = load_runs(tmp_path)
+    assert runs["status"].tolist() == [None] and runs["schema_version"].tolist() == [SCHEMA_VERSION]
