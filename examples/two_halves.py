@@ -10,18 +10,12 @@ from transfer_strategies.base import TransferConnector
 
 class TwoHalvesConnector(TransferConnector):
     def halves(self):
-        n = len(self.kv_layers)
-        return range(0, n // 2), range(n // 2, n)
+        return range(0, self.n_layers // 2), range(self.n_layers // 2, self.n_layers)
 
     def send(self, req):
         for i, layers in enumerate(self.halves()):
-            buf = self.empty(len(layers), n_blocks=len(req.block_ids))
-            for j, layer in enumerate(layers):
-                self.gather(layer, req.block_ids, out=buf[j])
-            self.post(req, i, 2, buf)
+            self.post(req, self.gather(req.block_ids, layers), i, 2)
 
     def receive(self, req):
         for msg, layers in zip(self.collect(req), self.halves()):
-            data = self.view_payload(msg.payload, len(layers), n_blocks=len(req.block_ids))
-            for j, layer in enumerate(layers):
-                self.scatter(req, layer, data[j])
+            self.scatter(req, msg.payload, layers)

@@ -14,15 +14,14 @@ from transfer_strategies.base import TransferConnector, TransferRequest
 
 class FullCacheConnector(TransferConnector):
     def send(self, req: TransferRequest) -> None:
-        n_layers = len(self.kv_layers)
-        ids = torch.tensor(req.block_ids, dtype=torch.int64, device=self.device)
-        self.post(req, 0, n_layers + 1, ids)
-        for layer in range(n_layers):
-            self.post(req, layer + 1, n_layers + 1, self.kv_layers[layer])
+        n = self.n_layers
+        self.post(req, torch.tensor(req.block_ids, dtype=torch.int64, device=self.kv.device), 0, n + 1)
+        for layer in range(n):
+            self.post(req, self.kv.layers[layer], layer + 1, n + 1)  # not in the staging buffer: the channel copies it
 
     def receive(self, req: TransferRequest) -> None:
         ids_msg, *layer_msgs = self.collect(req)
         sender_ids = ids_msg.payload.view(torch.int64)
         for layer, msg in enumerate(layer_msgs):
-            whole = msg.payload.view(self.kv_layers[0].dtype).view(self.layer_shape(-1))
-            self.scatter(req, layer, whole.index_select(self.block_dim, sender_ids))
+            whole = self.kv.view(msg.payload, n_layers=1)  # the sender's whole cache of this layer
+            self.scatter(req, self.kv.take(whole, sender_ids), [layer])

@@ -11,14 +11,11 @@ from transfer_strategies.base import TransferConnector, TransferRequest
 
 class FusedConnector(TransferConnector):
     def prepare_send(self, req: TransferRequest) -> None:  # before the forward pass: off the clock
-        buf = self.empty(len(self.kv_layers), n_blocks=len(req.block_ids))
-        req.prepared = buf, self.gather_plan(req.block_ids, out=buf)
+        req.prepared = self.gather_plan(req.block_ids)
 
     def send(self, req: TransferRequest) -> None:
-        buf, gather = req.prepared
-        gather()
-        self.post(req, 0, 1, buf)
+        self.post(req, req.prepared())
 
     def receive(self, req: TransferRequest) -> None:
         (msg,) = self.collect(req)
-        self.scatter_layers(req, self.view_payload(msg.payload, len(self.kv_layers), n_blocks=len(req.block_ids)))
+        self.scatter(req, msg.payload)

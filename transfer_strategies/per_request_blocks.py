@@ -18,25 +18,24 @@ class PerRequestBlocksConnector(TransferConnector):
         return granularity == "block"
 
     def send(self, req: TransferRequest) -> None:
-        n_layers, n_blocks = len(self.kv_layers), len(req.block_ids)
+        n_layers, ids = self.n_layers, req.block_ids
         if not self.per_block:
             for layer in range(n_layers):
-                self.post(req, layer, n_layers, self.gather_to_send(layer, req.block_ids))
+                self.post(req, self.gather(ids, [layer]), layer, n_layers)
             return
-        count = n_layers * n_blocks
-        if count == 0:  # nothing to move: one empty message still tells the receiver so
-            self.post(req, 0, 1, self.empty(n_blocks=0))
+        if not ids:  # nothing to move: one empty message still tells the receiver so
+            self.post(req, self.gather([], [0]))
         for layer in range(n_layers):
-            for j, block in enumerate(req.block_ids):
-                self.post(req, layer * n_blocks + j, count, self.gather_to_send(layer, [block]))
+            for j, block in enumerate(ids):
+                self.post(req, self.gather([block], [layer]), layer * len(ids) + j, n_layers * len(ids))
 
     def receive(self, req: TransferRequest) -> None:
         msgs = self.collect(req)
-        n_layers, n_blocks = len(self.kv_layers), len(req.block_ids)
         if not self.per_block:
             for layer, msg in enumerate(msgs):
-                self.scatter(req, layer, self.view_payload(msg.payload, n_blocks=n_blocks))
+                self.scatter(req, msg.payload, [layer])
             return
-        for i, msg in enumerate(msgs[: n_layers * n_blocks]):
+        n_blocks = len(req.block_ids)
+        for i, msg in enumerate(msgs[: self.n_layers * n_blocks]):
             layer, j = divmod(i, n_blocks)
-            self.scatter(req, layer, self.view_payload(msg.payload, n_blocks=1), start=j)
+            self.scatter(req, msg.payload, [layer], first_block=j)

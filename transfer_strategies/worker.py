@@ -1,0 +1,129 @@
+"""Worker side of a connector: the engine's KV blocks, the channel to the other engine, and the
+bookkeeping around every transfer (its clock, byte and message counts, digests, the negative
+control and its record). It runs in vLLM's model worker; the connector facade (`base.py`) holds
+one and hands the strategy its short API on top.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from transfer_strategies.clock import SendClock
+from transfer_strategies.digests import BlockDigests
+from transfer_strategies.kv_blocks import KVBlocks
+from transfer_strategies.negative_control import corrupt_received
+from transfer_strategies.records import TransferRecord, TransferRecordWriter
+from transfer_strategies.scheduler import TransferRequest
+from transfer_strategies.transport import Message, open_channel
+
+LAYOUT_ID = "__layout__"
+
+
+class TransferWorker:
+    def __init__(self, strategy: str, is_producer: bool, harness: dict, transport: dict):
+        """harness: what the harness sets (rendezvous, host, stats_path, verify, corrupt,
+        timeout_s); transport: the channel's settings (kind, staging_mb, ...)."""
+        self.strategy = strategy
+        self.is_producer = is_producer
+        self.harness = harness
+        self.transport = transport
+        self.verify = bool(harness.get("verify", True))
+        self.corrupt = bool(harness.get("corrupt", False))
+        path = harness.get("stats_path")
+        self.records = TransferRecordWriter(path) if path else None
+        self.kv: KVBlocks | None = None
+        self.channel = None
+
+    def register(self, kv_caches: dict[str, torch.Tensor], num_blocks: int, block_size: int) -> None:
+        self.kv = KVBlocks(kv_caches, num_blocks)
+        self.digests = BlockDigests(self.kv)
+        h = self.harness
+        self.channel = open_channel("sender" if self.is_producer else "receiver", self.kv.device, self.transport,
+                                    h["rendezvous"], h.get("host", "127.0.0.1"), float(h.get("timeout_s", 300)))
+        self._exchange_layout(dict(self.kv.layout(), block_size=block_size))
+
+    def _exchange_layout(self, mine: dict) -> None:
+        """Both engines must agree on layers, per-block shape, dtype and block size (not on
+        num_blocks) before the first request."""
+        if self.is_producer:
+            self.channel.send(LAYOUT_ID, 0, 1, torch.empty(0, dtype=torch.uint8), layout=mine)
+            return
+        theirs = self.channel.wait(LAYOUT_ID)[0].meta["layout"]
+        self.channel.release(LAYOUT_ID)
+        if theirs != mine:
+            raise RuntimeError(f"prefill and decode KV layouts differ: prefill {theirs}, decode {mine}")
+
+    # ---------------------------------------------------------------- prefill worker
+    def alloc(self, n_blocks: int, n_layers: int) -> torch.Tensor:
+        """[n_layers, *layer_shape(n_blocks)] in the KV dtype, in the channel's send space (in
+        the staging buffer the receiver reads from: a payload built there is not copied again)."""
+        kv = self.kv
+        return kv.view(self.channel.alloc(kv.nbytes(n_blocks, n_layers)), n_layers)
+
+    def begin_send(self, req: TransferRequest, streaming: bool = False) -> None:
+        req.clock = SendClock(self.kv.device, streaming)
+
+    def post(self, req: TransferRequest, payload: torch.Tensor, index: int, count: int) -> None:
+        t0 = req.clock.start()
+        # The last message's doorbell rings from this thread (no hand-over); earlier ones, and
+        # all of a streaming send, from the channel's thread so that launching copies goes on.
+        background = req.clock.streaming or index < count - 1
+        req.bytes += self.channel.send(req.transfer_id, index, count, payload, background=background, t0=t0)
+        req.messages += 1
+
+    def end_send(self, req: TransferRequest) -> None:
+        req.clock.start()  # in case nothing was posted
+        self.channel.flush()
+        self._sync()
+        self._record(req, "send", send_ms=req.clock.host_ms(), gpu_ms=req.clock.gpu_ms(self.channel.last_written))
+
+    # ---------------------------------------------------------------- decode worker
+    def begin_receive(self, req: TransferRequest) -> None:
+        req.clock = time.monotonic()
+
+    def collect(self, req: TransferRequest, index: int | None = None) -> list[Message]:
+        msgs = self.channel.wait(req.transfer_id, index)
+        req.received.extend(msgs)
+        return msgs
+
+    def end_receive(self, req: TransferRequest) -> None:
+        if self.corrupt:
+            corrupt_received(self.kv, req)
+        self._sync()
+        t_end = time.monotonic()
+        self.channel.release(req.transfer_id)
+        msgs, t_start = req.received, req.clock
+        sent_at = msgs[0].meta.get("t0", t_start) if msgs else t_start
+        delivered = max((m.delivered for m in msgs), default=t_start)
+        arrived = max((m.arrived for m in msgs), default=t_start)
+        req.bytes, req.messages = sum(m.payload.numel() for m in msgs), len(msgs)
+        self._record(req, "receive",
+                     transfer_ms=(delivered - sent_at) * 1e3,  # sender starts gathering -> last byte in our memory
+                     notify_ms=(arrived - delivered) * 1e3,  # -> this worker has been told (doorbell latency)
+                     load_ms=(t_end - t_start) * 1e3,  # decode step blocked on KV (wait + scatter)
+                     ready_ms=(t_end - sent_at) * 1e3)  # sender starts -> KV in this engine's blocks
+
+    # ---------------------------------------------------------------- both
+    def _sync(self) -> None:
+        if self.kv.device.type == "cuda":
+            torch.cuda.synchronize(self.kv.device)
+
+    def _record(self, req: TransferRequest, side: str, **times) -> None:
+        digests = digest_ms = None
+        if self.verify:
+            t0 = time.monotonic()
+            digests = self.digests(req.block_ids)
+            digest_ms = (time.monotonic() - t0) * 1e3
+        if self.records is None:
+            return
+        self.records.write(TransferRecord(
+            transfer_id=req.transfer_id, side=side, strategy=self.strategy, blocks=len(req.block_ids),
+            skip_blocks=req.skip_blocks, tokens=req.num_tokens, kv_cache_blocks=self.kv.num_blocks,
+            kv_cache_bytes=self.kv.cache_bytes(), bytes=req.bytes, messages=req.messages,
+            digests=digests, digest_ms=digest_ms, **times))
+
+    def close(self) -> None:
+        if self.channel is not None:
+            self.channel.close()
