@@ -1,12 +1,13 @@
 # make demo : set up .venv and run the harness on the default config (fused, tiny-llama, smoke prompts)
-# make test : set up .venv and run the tests
+# make test : set up .venv, lint, and run every test (real vLLM engines on CPU; ~15 min on 2 cores)
+# make test-fast : the tests that start no engine (seconds)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 # vLLM's CUDA build where a GPU driver is present, its CPU build elsewhere
 FLAVOR ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
 
-.PHONY: setup demo test bench clean-venv
+.PHONY: setup demo test test-fast lint bench clean-venv
 
 setup: $(VENV)/.installed-$(FLAVOR)
 
@@ -23,8 +24,14 @@ $(VENV)/.installed-$(FLAVOR): pyproject.toml
 demo: setup
 	$(BIN)/python -m harness
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest -q
+
+test-fast: setup
+	$(BIN)/python -m pytest -q -m "not engine and not gpu and not slow"
+
+lint: setup
+	$(BIN)/ruff check .
 
 bench: setup
 	$(BIN)/python scripts/bench_demo.py

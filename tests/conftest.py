@@ -35,10 +35,11 @@ class HarnessRun:
         return json.loads((self.run_dir / "summary.json").read_text())
 
 
-def run_harness(run_dir: Path, *overrides: str, timeout: float = 900, env: dict | None = None) -> HarnessRun:
+def run_harness(run_dir: Path, *overrides: str, timeout: float = 900, env: dict | None = None,
+                device: str = "cpu") -> HarnessRun:
     shutil.rmtree(run_dir, ignore_errors=True)  # records append: start each test run from nothing
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
-    cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}", "device=cpu", *overrides]
+    cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}", f"device={device}", *overrides]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     return HarnessRun(p.returncode, p.stdout, p.stderr, run_dir)
 
