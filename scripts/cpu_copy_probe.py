@@ -43,7 +43,7 @@ def main() -> None:
     one = big / median_s(lambda: np.copyto(dst.numpy(), src.numpy()), 7) / 1e9
     print(f"ceiling (torch copy of 256 MiB, {torch.get_num_threads()} threads): {ceiling:.2f} GB/s")
     print(f"one thread (numpy copy of 256 MiB):            {one:.2f} GB/s = {one / ceiling:.2f} of the ceiling")
-    del src, dst
+    src = dst = None  # 512 MiB freed before the KV copies
 
     kv = [torch.randn(4096, *BLOCK) for _ in range(LAYERS)]
     shm = shared_memory.SharedMemory(create=True, size=64 << 20)  # fused writes into shared memory
@@ -67,9 +67,15 @@ def main() -> None:
             srcs = [p.view(torch.uint8).numpy().reshape(-1) for p in pieces]
             flat = [p.reshape(-1) for p in pieces]
             out_f = out.view(torch.float32)
-            t_np = median_s(lambda: np.concatenate(srcs, out=out.numpy()), args.repeats, evict)
-            t_cat = median_s(lambda: torch.cat(flat, out=out_f), args.repeats, evict)
-            t_hot = median_s(lambda: np.concatenate(srcs, out=out.numpy()), args.repeats)
+            def one_thread(srcs=srcs, out=out):
+                np.concatenate(srcs, out=out.numpy())
+
+            def cat(flat=flat, out_f=out_f):
+                torch.cat(flat, out=out_f)
+
+            t_np = median_s(one_thread, args.repeats, evict)
+            t_cat = median_s(cat, args.repeats, evict)
+            t_hot = median_s(one_thread, args.repeats)
             g_np, g_cat, g_hot = nbytes / t_np / 1e9, nbytes / t_cat / 1e9, nbytes / t_hot / 1e9
             print(f"  {mib:6d} | {t_np * 1e3:13.3f} {g_np:5.2f} {g_np / ceiling:11.2f} | {t_cat * 1e3:12.3f} "
                   f"{g_cat:5.2f} {g_cat / ceiling:11.2f} | {g_hot:5.2f}")

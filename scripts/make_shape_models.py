@@ -29,8 +29,8 @@ TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def shapes(vocab: int, bos: int, eos: int, pad: int) -> dict[str, tuple[str, dict, str]]:
-    common = dict(vocab_size=vocab, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad,
-                  hidden_act="silu", initializer_range=0.02, use_cache=True)
+    common = {"vocab_size": vocab, "bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad,
+              "hidden_act": "silu", "initializer_range": 0.02, "use_cache": True}
     return {
         "llama3-8b-shape": ("llama", dict(
             common,

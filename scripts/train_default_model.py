@@ -188,7 +188,7 @@ def main() -> int:
     print(f"model: {n_params / 1e6:.2f} M parameters", flush=True)
 
     decay, no_decay = [], []
-    for n, p in model.named_parameters():
+    for p in model.parameters():
         (decay if p.dim() >= 2 else no_decay).append(p)
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": args.weight_decay},

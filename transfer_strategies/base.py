@@ -38,7 +38,8 @@ default hooks otherwise call around `send` and `receive`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -62,7 +63,7 @@ __all__ = ["TransferConnector", "TransferRequest"]
 class TransferConnector(KVConnectorBase_V1):
     """Base of every strategy. Subclasses implement `send` and `receive`."""
 
-    def __init__(self, vllm_config: "VllmConfig", role: KVConnectorRole, kv_cache_config=None):
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         cfg = self._kv_transfer_config
         extra = dict(cfg.kv_connector_extra_config or {})
@@ -148,7 +149,7 @@ class TransferConnector(KVConnectorBase_V1):
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
         self.scheduler.allocated(request, blocks)
 
-    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         return self.scheduler.step_metadata(scheduler_output)
 
     def request_finished(self, request, block_ids):

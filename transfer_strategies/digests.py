@@ -10,7 +10,7 @@ the digest sits on the critical path of both engines' steps.
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 

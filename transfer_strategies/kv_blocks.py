@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
@@ -68,7 +68,8 @@ class KVBlocks:
     def __init__(self, kv_caches: dict[str, torch.Tensor], num_blocks: int):
         for name, t in kv_caches.items():
             if not isinstance(t, torch.Tensor):
-                raise NotImplementedError(f"KV cache of layer {name} is a {type(t).__name__}: expected one tensor per layer")
+                raise NotImplementedError(f"KV cache of layer {name} is a {type(t).__name__}: "
+                                          f"expected one tensor per layer")
         self.names = list(kv_caches)
         self.layers = [in_memory_order(kv_caches[n]) for n in self.names]
         self.num_blocks = num_blocks
