@@ -27,7 +27,7 @@ from harness.schema import BaselineRow, RequestRow
 from harness.tracking import make_tracker
 from harness.workload import Prompt, Workload, WorkloadError
 from transfer_strategies.records import TransferRecord, TransferRecordReader
-from transfer_strategies.transport import shm_name
+from transfer_strategies.transport import remove_leftovers
 
 
 class ConfigError(ValueError):
@@ -394,8 +394,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         for e in engines.values():
             e.stop(grace_s=10 if status == "ok" else 1)
         timings["shutdown_s"] = time.monotonic() - t0
-        if rendezvous.exists():  # engines killed before both mapped the staging buffer leave its name
-            Path("/dev/shm", shm_name(int(rendezvous.read_text()))).unlink(missing_ok=True)
+        remove_leftovers(rendezvous)  # engines killed while opening the KV channel leave its buffer behind
         base_out.close()
         req_out.close()
 

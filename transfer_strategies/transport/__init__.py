@@ -1,0 +1,68 @@
+"""The wire between a prefill worker and a decode worker.
+
+One channel per (prefill worker, decode worker) pair: the prefill worker holds the sender, the
+decode worker the receiver, whose thread parks each message under its transfer id until the
+decode engine needs it. That is the seed's push model: the sender never waits for the decode
+engine to ask for a request's KV. A message is a small header (transfer id, index, count,
+byte size, timestamps, the sender's keyword arguments) and a flat uint8 payload, so a strategy
+can send tensors of any dtype and shape; the receiver views the bytes back as it expects.
+
+    sender = open_channel("sender", device, {"kind": "staged"}, rendezvous, host, timeout_s)
+    buf = sender.alloc(nbytes)            # build the payload here: no copy on the way
+    sender.send(transfer_id, index, count, buf, t0=...); sender.flush()
+    receiver.wait(transfer_id) -> [Message]; ...; receiver.release(transfer_id)
+
+Transports (transport.kind):
+  staged (default)  staged.py: the payload is written straight into a staging buffer the
+                    receiver owns (buffers.py: shared memory on CPU, CUDA IPC on a GPU; space
+                    kept by allocator.py), then a doorbell over a local socket (frames.py).
+  gloo (CPU)        gloo.py: headers and payloads over gloo's TCP sockets.
+rendezvous.py: how the two find each other; inbox.py: the receiver's parked messages.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from transfer_strategies.transport import buffers
+from transfer_strategies.transport import rendezvous as _rendezvous
+from transfer_strategies.transport.gloo import GlooReceiver, GlooSender
+from transfer_strategies.transport.message import Message, as_bytes
+from transfer_strategies.transport.staged import StagedReceiver, StagedSender
+
+__all__ = ["Message", "as_bytes", "open_channel", "remove_leftovers"]
+
+DEFAULT_STAGING_MB = {"cpu": 256, "cuda": 4096}
+
+
+def open_channel(role: str, device: torch.device, transport_cfg: dict | None, rendezvous: str, host: str,
+                 timeout_s: float):
+    """role: "sender" (prefill worker) or "receiver" (decode worker); transport_cfg: the
+    `transport` config ({"kind": "staged"|"gloo", "staging_mb": int|None}); rendezvous: a file
+    through which the sender tells the receiver the port it bound; every wait is bounded by
+    timeout_s. Blocks until the other worker has opened its end."""
+    if role not in ("sender", "receiver"):
+        raise ValueError(f"a KV channel role is 'sender' or 'receiver', not {role!r}")
+    cfg = dict(transport_cfg or {})
+    kind = cfg.get("kind") or "staged"
+    if kind == "gloo" and device.type == "cpu":
+        return (GlooSender if role == "sender" else GlooReceiver)(rendezvous, host, timeout_s)
+    if kind == "staged" and device.type in DEFAULT_STAGING_MB:
+        if role == "sender":  # the receiver sizes the buffer
+            return StagedSender(device, rendezvous, host, timeout_s)
+        mb = cfg.get("staging_mb")
+        mb = DEFAULT_STAGING_MB[device.type] if mb is None else int(mb)
+        if mb <= 0:
+            raise ValueError(f"transport.staging_mb must be positive, got {mb}")
+        return StagedReceiver(device, mb * 2**20, rendezvous, host, timeout_s)
+    raise ValueError(f"no KV transport {kind!r} for device type {device.type!r}: use transport.kind=staged "
+                     f"(shared memory on CPU, CUDA IPC on GPU) or gloo (CPU)")
+
+
+def remove_leftovers(rendezvous: str) -> None:
+    """What a channel leaves behind when its engines were killed while opening it (the CPU
+    staging buffer's name, between the decode worker creating it and both mapping it). The
+    harness calls this after stopping the engines."""
+    port = _rendezvous.published_port(str(rendezvous))
+    if port is not None:
+        buffers.remove_leftover(port)

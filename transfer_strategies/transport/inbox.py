@@ -1,0 +1,105 @@
+"""The decode worker's side of a channel: messages parked by transfer id until it uses them."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from transfer_strategies.transport.message import Message
+
+
+@dataclass
+class _Parked:
+    message: Message
+    region: int | None  # where its payload sits in the staging buffer; None once it is elsewhere
+    taken: bool = False  # handed out by `wait`: the decode worker may be reading it in place
+
+
+@dataclass
+class _Transfer:
+    parked: dict[int, _Parked] = field(default_factory=dict)
+    count: int | None = None
+
+
+class Inbox:
+    """Filled by the receiver thread (`put`), emptied by the decode worker (`wait`, `release`).
+    Every wait is bounded by timeout_s; a failed receiver thread (`fail`) wakes every waiter
+    with its cause."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self._cond = threading.Condition()
+        self._transfers: dict[str, _Transfer] = {}
+        self._staged: dict[int, _Parked] = {}  # staging region -> the message whose payload is there
+        self._error: BaseException | None = None
+
+    def put(self, msg: Message, region: int | None = None) -> None:
+        with self._cond:
+            transfer = self._transfers.setdefault(msg.transfer_id, _Transfer())
+            parked = transfer.parked[msg.index] = _Parked(msg, region)
+            transfer.count = msg.count
+            if region is not None:
+                self._staged[region] = parked
+            self._cond.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        with self._cond:
+            self._error = error
+            self._cond.notify_all()
+
+    def wait(self, transfer_id: str, index: int | None = None) -> list[Message]:
+        """Block until message `index` (or every message) of a transfer has arrived."""
+        deadline = time.monotonic() + self.timeout_s
+
+        def ready() -> bool:
+            transfer = self._transfers.get(transfer_id)
+            if transfer is None:
+                return False
+            if index is not None:
+                return index in transfer.parked
+            return transfer.count is not None and len(transfer.parked) == transfer.count
+
+        with self._cond:
+            while not ready():
+                if self._error is not None:
+                    raise RuntimeError(f"KV channel closed while waiting for {transfer_id}: {self._error}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no KV arrived for transfer {transfer_id} within {self.timeout_s:.0f} s")
+                self._cond.wait(min(left, 1.0))
+            transfer = self._transfers[transfer_id]
+            wanted = [index] if index is not None else range(transfer.count)
+            parked = [transfer.parked[i] for i in wanted]
+            for p in parked:
+                p.taken = True
+            return [p.message for p in parked]
+
+    def release(self, transfer_id: str) -> list[int]:
+        """Drop a transfer's messages once they have been used; returns the staging regions they
+        held, now free."""
+        with self._cond:
+            transfer = self._transfers.pop(transfer_id, None)
+            regions = [p.region for p in transfer.parked.values() if p.region is not None] if transfer else []
+            for r in regions:
+                del self._staged[r]
+            return regions
+
+    def evict(self, regions: Iterable[int], move: Callable[[torch.Tensor], torch.Tensor]) -> list[int]:
+        """Move the payloads in these staging regions out (`move` returns a copy in memory of
+        our own) unless the decode worker already has them; returns the regions now free.
+        A region no message holds any more (released meanwhile) is skipped: its release freed it."""
+        freed = []
+        with self._cond:
+            for r in regions:
+                parked = self._staged.get(r)
+                if parked is None or parked.taken:
+                    continue
+                parked.message.payload = move(parked.message.payload)
+                parked.region = None
+                del self._staged[r]
+                freed.append(r)
+        return freed
