@@ -29,9 +29,13 @@ def main(cfg: DictConfig) -> int:
         if code:
             sys.exit(code)
         return code
-    # In a sweep, one failed job must not stop the others: it shows as failed in its summary.
+    # In a sweep, one failed job must not stop the others: it shows as failed in its summary,
+    # and the sweep exits 1 after its table (harness.sweep.SweepSummary). Ctrl-C stops the sweep.
     try:
-        return run(cfg, Path(hc.runtime.output_dir))
+        code = run(cfg, Path(hc.runtime.output_dir))
+        if code == 130:
+            sys.exit(code)
+        return code
     except Exception as e:  # noqa: BLE001
         import json
         import traceback

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue
 
 from harness.ceiling import copy_ceiling_gbps
 from harness.compare import compare_outputs
@@ -25,7 +26,7 @@ from harness.engine_process import EngineDied, EngineProcess, next_events, wait_
 from harness.records import PROJECT_ROOT, JsonlWriter, format_table, run_summary, versions, write_json
 from harness.schema import BaselineRow, RequestRow
 from harness.tracking import make_tracker
-from harness.workload import Prompt, Workload, WorkloadError
+from harness.workload import Prompt, Workload, WorkloadError, build_workload
 from transfer_strategies.records import TransferRecord, TransferRecordReader
 from transfer_strategies.transport import remove_leftovers
 
@@ -45,7 +46,64 @@ def resolve_device(cfg: DictConfig) -> str:
         raise ConfigError("device=cuda but torch sees no GPU: use device=cpu or device=auto")
     if kind not in ("cpu", "cuda"):
         raise ConfigError(f"device.type must be auto, cpu or cuda, got {kind!r}")
+    if kind == "cuda":
+        for engine in ("baseline", "prefill", "decode"):
+            gpu = cfg.device[f"{engine}_gpu"]
+            if not 0 <= gpu < torch.cuda.device_count():
+                raise ConfigError(f"device.{engine}_gpu={gpu}, but torch sees {torch.cuda.device_count()} GPU(s) "
+                                  f"(indices count the GPUs in CUDA_VISIBLE_DEVICES)")
     return kind
+
+
+# Harness and transport settings have their own keys now; a strategy param of the same name
+# would reach the strategy only, silently.
+NOT_STRATEGY_PARAMS = {"verify": "check.digests", "corrupt": "check.corrupt", "transport": "transport=staged|gloo",
+                       "staging_mb": "transport.staging_mb", "timeout_s": "run.transfer_timeout_s",
+                       "rendezvous": None, "host": None, "stats_path": None}
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """The values that need no device, model or vLLM to judge."""
+    max_tokens = cfg.sampling.max_tokens
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ConfigError(f"sampling.max_tokens must be an integer >= 1 (the decode engine generates them), "
+                          f"got {max_tokens!r}")
+    block_size = cfg.engine.block_size
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ConfigError(f"engine.block_size must be a positive integer, got {block_size!r}")
+    if not cfg.engine.kv_cache_gib > 0:
+        raise ConfigError(f"engine.kv_cache_gib must be > 0, got {cfg.engine.kv_cache_gib!r}")
+    staging_mb = cfg.transport.get("staging_mb")
+    if staging_mb is not None and (not isinstance(staging_mb, int) or staging_mb < 1):
+        raise ConfigError(f"transport.staging_mb must be a positive integer (MiB) or null, got {staging_mb!r}")
+    s = cfg.strategy
+    if not s.module and cfg.check.corrupt:
+        raise ConfigError(f"check.corrupt=true damages the KV this project's connectors move; strategy {s.name!r} "
+                          f"is vLLM's own {s.connector}, which the harness does not reach into")
+    for key in s.params or {}:
+        if s.module and key in NOT_STRATEGY_PARAMS:
+            instead = NOT_STRATEGY_PARAMS[key]
+            raise ConfigError(f"strategy.params.{key} is not a strategy parameter: "
+                              + (f"use {instead}" if instead else "the harness sets it"))
+
+
+def check_block_size(block_size: int, device: str) -> None:
+    """vLLM's attention backends declare the block sizes their kernels take; an engine given
+    another one fails at start-up. On CPU the CPU attention backend says (a multiple of 32 in
+    vLLM 0.32, of 16 in 0.26); on CUDA FlashAttention, FlexAttention and Triton attention (what
+    vLLM picks for these models on NVIDIA GPUs) take multiples of 16 in 0.26 through 0.32."""
+    if device == "cpu":
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        if CPUAttentionBackend.supports_block_size(block_size):
+            return
+        takes = [getattr(s, "base", s) for s in CPUAttentionBackend.get_supported_kernel_block_sizes()]
+        nearest = -(-block_size // takes[0]) * takes[0]
+        raise ConfigError(f"engine.block_size={block_size}: vLLM's CPU attention takes multiples of "
+                          f"{' or '.join(map(str, takes))}, e.g. engine.block_size={nearest}")
+    if block_size % 16:
+        raise ConfigError(f"engine.block_size={block_size}: vLLM's attention on CUDA takes multiples of 16, "
+                          f"e.g. engine.block_size={-(-block_size // 16) * 16}")
 
 
 def load_tokenizer(model_path: str):
@@ -90,19 +148,40 @@ def load_connector(strategy: DictConfig) -> type:
     return cls
 
 
+def checked_inputs(cfg: DictConfig) -> tuple[str, Workload]:
+    """The device and the workload, once everything about the config, the model and the prompts
+    that can be known before any engine starts has been checked."""
+    try:
+        check_settings(cfg)
+        device = resolve_device(cfg)
+        load_connector(cfg.strategy)
+        check_block_size(cfg.engine.block_size, device)
+        workload = build_workload(cfg.workload, load_tokenizer(str(cfg.model.path)))
+    except MissingMandatoryValue as e:
+        raise ConfigError(f"{e.full_key} has no value (??? in conf/): give it on the command line, "
+                          f"{e.full_key}=...") from None
+    workload.check_fits(cfg.engine.max_model_len, cfg.sampling.max_tokens)
+    if cfg.strategy.get("min_prompt_blocks"):
+        workload.check_min_prompt_len(
+            cfg.strategy.min_prompt_blocks * cfg.engine.block_size + 2, f"strategy {cfg.strategy.name!r}",
+            f"engine.block_size + 2: vLLM's {cfg.strategy.connector} names its files after a prompt's whole "
+            f"blocks but its last two tokens, and prompts with none collide")
+    return device, workload
+
+
 # ---------------------------------------------------------------------- engines
 def engine_args(cfg: DictConfig, device: str) -> dict:
     e = cfg.engine
-    args = dict(model=str(cfg.model.path), tokenizer=str(cfg.model.path), dtype=e.dtype,
-                load_format=cfg.model.load_format, block_size=e.block_size, max_model_len=e.max_model_len,
-                enforce_eager=e.enforce_eager, seed=e.seed, enable_prefix_caching=e.prefix_caching,
-                max_num_seqs=e.max_num_seqs, disable_log_stats=True)
+    args = {"model": str(cfg.model.path), "tokenizer": str(cfg.model.path), "dtype": e.dtype,
+            "load_format": cfg.model.load_format, "block_size": e.block_size, "max_model_len": e.max_model_len,
+            "enforce_eager": e.enforce_eager, "seed": e.seed, "enable_prefix_caching": e.prefix_caching,
+            "max_num_seqs": e.max_num_seqs, "disable_log_stats": True}
     # A fixed KV size, the same for every engine (on a GPU, vLLM's own profiling would count the
     # other engines starting beside it)
     args["kv_cache_memory_bytes"] = int(e.kv_cache_gib * 2**30)
     if device == "cuda":
         args["gpu_memory_utilization"] = e.gpu_memory_utilization
-    args.update(OmegaConf.to_container(e.extra, resolve=True))
+    args.update(OmegaConf.to_container(e.extra, resolve=True) if e.extra else {})
     return args
 
 
@@ -120,23 +199,32 @@ def engine_env(cfg: DictConfig, device: str, gpu: int) -> dict:
         env["KMP_BLOCKTIME"] = "0"
     else:
         # Own GPU first (vLLM uses cuda:0), the others visible too, so that a staging buffer shared
-        # through CUDA IPC from another GPU is read over NVLink peer access.
+        # through CUDA IPC from another GPU is read over NVLink peer access. `gpu` counts the GPUs
+        # this process sees: under Slurm or submitit CUDA_VISIBLE_DEVICES already names them.
         import torch
 
-        others = [g for g in range(torch.cuda.device_count()) if g != gpu]
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in [gpu, *others])
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = visible.split(",") if visible else [str(g) for g in range(torch.cuda.device_count())]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join([ids[gpu], *(d for i, d in enumerate(ids) if i != gpu)])
     return env
 
 
 def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path, stats_path: Path) -> dict:
+    """vLLM's kv_transfer_config for the prefill or decode engine. This project's connectors get
+    what the harness sets, the strategy's own params and the transport's settings in sections of
+    their own (a strategy param cannot shadow a harness value); vLLM's own connectors (no
+    strategy.module) get their params as they are."""
     s = cfg.strategy
     role = s.get("roles", {}).get(engine) or {"prefill": "kv_producer", "decode": "kv_consumer"}[engine]
-    extra = {"rendezvous": str(rendezvous), "host": "127.0.0.1", "stats_path": str(stats_path), "verify": bool(s.verify),
-             "timeout_s": cfg.run.transfer_timeout_s, **OmegaConf.to_container(s.params, resolve=True)}
-    out = {"kv_connector": s.connector, "kv_role": role, "kv_connector_extra_config": extra}
-    if s.module:  # None: one of vLLM's own connectors
-        out["kv_connector_module_path"] = s.module
-    return out
+    params = OmegaConf.to_container(s.params, resolve=True) if s.params else {}
+    if not s.module:
+        return {"kv_connector": s.connector, "kv_role": role, "kv_connector_extra_config": params}
+    harness = {"rendezvous": str(rendezvous), "host": "127.0.0.1", "stats_path": str(stats_path),
+               "verify": bool(cfg.check.digests), "corrupt": bool(cfg.check.corrupt),
+               "timeout_s": float(cfg.run.transfer_timeout_s)}
+    transport = {"staging_mb": None, **OmegaConf.to_container(cfg.transport, resolve=True)}
+    return {"kv_connector": s.connector, "kv_role": role, "kv_connector_module_path": s.module,
+            "kv_connector_extra_config": {"harness": harness, "strategy": params, "transport": transport}}
 
 
 def free_port() -> int:
@@ -291,18 +379,12 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
 # ---------------------------------------------------------------------- the run
 def run(cfg: DictConfig, run_dir: Path) -> int:
     """Returns the exit code: 0 all outputs match, 1 a mismatch or digest failure, 2 bad input,
-    3 an engine died or stalled."""
-    from hydra.utils import instantiate
-
+    3 an engine died or stalled, 130 interrupted."""
     run_dir.mkdir(parents=True, exist_ok=True)
     run_id = run_dir.name
     t_run = time.monotonic()
     try:
-        device = resolve_device(cfg)
-        load_connector(cfg.strategy)
-        tokenizer = load_tokenizer(str(cfg.model.path))
-        workload: Workload = instantiate(cfg.workload, tokenizer=tokenizer)
-        workload.check_fits(cfg.engine.max_model_len, cfg.sampling.max_tokens)
+        device, workload = checked_inputs(cfg)
     except (ConfigError, WorkloadError) as e:
         print(f"error: {e}", file=sys.stderr)
         write_json(run_dir / "summary.json", {"status": "bad_input", "error": str(e), "run_id": run_id})

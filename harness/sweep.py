@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from hydra.experimental.callback import Callback
@@ -40,6 +41,9 @@ def format_rows(rows: list[dict]) -> str:
 
 
 class SweepSummary(Callback):
+    """After `python -m harness -m ...`: the table of every job, and the sweep's exit status,
+    1 when any job is not ok (each job's own status is in the table), so that CI can gate on it."""
+
     def on_multirun_end(self, config: DictConfig, **kwargs) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         rows = sweep_rows(sweep_dir)
@@ -48,3 +52,6 @@ class SweepSummary(Callback):
         (sweep_dir / "sweep_summary.json").write_text(json.dumps(rows, indent=2))
         failed = [r["job"] for r in rows if r["status"] != "ok"]
         print(f"\nsweep summary ({len(rows)} jobs, {len(failed)} not ok) in {sweep_dir}:\n{text}", flush=True)
+        if failed or not rows:
+            # Hydra turns an exception in a callback into a warning; SystemExit is the exit status
+            sys.exit(1)

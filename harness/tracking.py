@@ -1,4 +1,5 @@
-"""Experiment tracking: a no-op by default, wandb when `tracking=wandb` (imported only then)."""
+"""Experiment tracking, chosen like a workload: each `conf/tracking/*.yaml` names its tracker
+class as `_target_`; `make_tracker` builds it for one run. wandb is imported only when chosen."""
 
 from __future__ import annotations
 
@@ -8,6 +9,11 @@ from omegaconf import DictConfig, OmegaConf
 
 
 class NoTracking:
+    """`tracking=none`: results stay in the run directory only."""
+
+    def __init__(self, run_dir: Path, run_id: str, config: dict):
+        pass
+
     def log_summary(self, summary: dict) -> None:
         pass
 
@@ -19,14 +25,16 @@ class NoTracking:
 
 
 class WandbTracking(NoTracking):
-    def __init__(self, cfg: DictConfig, run_dir: Path, run_id: str):
+    """`tracking=wandb`: the resolved config, the summary's metrics and the per-request table."""
+
+    def __init__(self, run_dir: Path, run_id: str, config: dict, mode: str = "offline",
+                 project: str = "disagg-harness", entity: str | None = None, group: str | None = None,
+                 tags: list[str] = ()):
         import wandb
 
-        t = cfg.tracking
         self.wandb = wandb
-        self.run = wandb.init(project=t.project, entity=t.entity, group=t.group, tags=list(t.tags), mode=t.mode,
-                              name=run_id, id=None, dir=str(run_dir),
-                              config=OmegaConf.to_container(cfg, resolve=True))
+        self.run = wandb.init(project=project, entity=entity, group=group, tags=list(tags), mode=mode,
+                              name=run_id, id=None, dir=str(run_dir), config=config)
 
     def log_summary(self, summary: dict) -> None:
         flat = {k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool)) or v is None}
@@ -45,9 +53,10 @@ class WandbTracking(NoTracking):
 
 
 def make_tracker(cfg: DictConfig, run_dir: Path, run_id: str) -> NoTracking:
-    backend = cfg.get("tracking", {}).get("backend", "none")
-    if backend == "none":
-        return NoTracking()
-    if backend == "wandb":
-        return WandbTracking(cfg, run_dir, run_id)
-    raise ValueError(f"tracking.backend must be none or wandb, got {backend!r}")
+    """The tracker `cfg.tracking` names, for the run in `run_dir` (the whole config logged with it)."""
+    from hydra.utils import instantiate
+
+    # partial: the run's values go straight to the class, not through instantiate (which would
+    # instantiate every `_target_` inside the config being logged)
+    build = instantiate(cfg.tracking, _partial_=True)
+    return build(run_dir=run_dir, run_id=run_id, config=OmegaConf.to_container(cfg, resolve=True))

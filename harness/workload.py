@@ -1,6 +1,7 @@
 """Workloads: the prompts a run sends, as token ids, checked before any engine starts.
 
-Each builder is the `_target_` of a `conf/workload/*.yaml` file and returns a `Workload`.
+Each builder is the `_target_` of a `conf/workload/*.yaml` file and returns a `Workload`;
+`build_workload` calls it.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+
+from omegaconf import DictConfig
 
 
 class WorkloadError(ValueError):
@@ -42,6 +45,27 @@ class Workload:
                     f"sampling.max_tokens={max_tokens} it needs engine.max_model_len >= "
                     f"{len(p.token_ids) + max_tokens} (now {max_model_len}). Raise engine.max_model_len "
                     f"(within the model's context) or shorten the prompt.")
+
+    def check_min_prompt_len(self, min_len: int, needed_by: str, why: str) -> None:
+        for p in self.prompts:
+            if len(p.token_ids) < min_len:
+                raise WorkloadError(f"prompt {p.index} of workload {self.name!r} has {len(p.token_ids)} tokens; "
+                                    f"{needed_by} needs at least {min_len} ({why})")
+
+
+def build_workload(cfg: DictConfig, tokenizer) -> Workload:
+    """The workload `cfg` (a `conf/workload/*.yaml`) names, built by its `_target_`. Hydra wraps
+    whatever a target raises in its own exception: a builder's WorkloadError is unwrapped here,
+    so that bad input stays one line."""
+    from hydra.errors import InstantiationException
+    from hydra.utils import instantiate
+
+    try:
+        return instantiate(cfg, tokenizer=tokenizer)
+    except InstantiationException as e:
+        if isinstance(e.__cause__, WorkloadError):
+            raise e.__cause__ from None
+        raise
 
 
 def text_prompts(name: str, prompts: list[str], tokenizer, concurrency: int = 1,
@@ -85,7 +109,10 @@ def jsonl(name: str, path: str, tokenizer, field: str = "prompt", concurrency: i
         except (json.JSONDecodeError, KeyError, TypeError) as e:
             raise WorkloadError(f"{path}:{n}: expected a JSON object with a {field!r} field ({e})") from None
         if isinstance(value, list):
-            prompts.append(Prompt(len(prompts), [int(t) for t in value]))
+            if not all(isinstance(t, int) and 0 <= t < len(tokenizer) for t in value):
+                raise WorkloadError(f"{path}:{n}: {field!r} holds a list, so it must be token ids of the model's "
+                                    f"vocabulary (integers 0..{len(tokenizer) - 1})")
+            prompts.append(Prompt(len(prompts), value))
         else:
             prompts.append(Prompt(len(prompts), tokenizer(str(value)).input_ids, str(value)))
     return Workload(name, prompts, concurrency)

@@ -1,9 +1,14 @@
 """Every strategy over a range of prompt lengths, against the machine's copy bandwidth measured
 in the same run.
 
-    python scripts/bench_strategies.py [--lengths 32,128,256,512,1024,2048] [--per-length 5]
-        [--strategies full_cache,per_request_blocks,fused,layerwise] [--device cpu|cuda]
-        [--two-gpus] [--set STRATEGY:KEY=VALUE ...] [-- harness overrides ...]
+    python scripts/bench_strategies.py [--experiment cpu_bench] [--two-gpus] [--out DIR]
+        [-- harness overrides ...]
+
+An experiment (conf/experiment/) says what to run: its model, device and engine settings, and
+bench.lengths, bench.per_length and bench.strategies; harness overrides after -- change any of
+them (-- bench.lengths=[32,2048] bench.strategies=[fused]). A strategy's own engine settings
+(full_cache's smaller cache) come from its config, or from the experiment's
+conf/experiment/<experiment>/<strategy>.yaml.
 
 One harness run per strategy (its prompts cover every length, one request in flight at a
 time), then one table per strategy and prompt length (medians, each with its 95% bootstrap
@@ -42,55 +47,47 @@ from harness.stats import Column, format_table, p50_with_interval
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def main() -> int:
+def argument_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--lengths", default="32,128,256,512,1024,2048")
-    ap.add_argument("--per-length", type=int, default=5)
-    ap.add_argument("--strategies", default="full_cache,per_request_blocks,fused,layerwise")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--experiment", default="cpu_bench", help="a conf/experiment/ config with a bench section")
     ap.add_argument("--two-gpus", action="store_true",
                     help="prefill on GPU 0, decode on GPU 1; the ceiling is a GPU 0 -> GPU 1 peer copy")
-    ap.add_argument("--set", action="append", default=[], metavar="STRATEGY:KEY=VALUE",
-                    help="a harness override for one strategy only, e.g. full_cache:engine.kv_cache_gib=2.5 "
-                         "(replaces the same key among the overrides after --)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--replot", default=None, metavar="DIR", help="only redraw DIR/figure.png from DIR/rows.csv")
     ap.add_argument("overrides", nargs="*", help="harness overrides, after --")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    args = argument_parser().parse_args()
     if args.replot:
         plot(Path(args.replot))
         return 0
-    lengths = [int(x) for x in args.lengths.split(",")]
-    for strategy in args.strategies.split(","):
-        overrides_for(strategy, args.overrides, args.set)  # bad --set stops here, before any run
+    plan = Plan.compose(args.experiment, args.overrides, args.two_gpus)  # bad input stops here, before any run
+    lengths = plan.lengths
     out = Path(args.out or ROOT / "results" / "bench" / time.strftime("strategies_%Y-%m-%d_%H-%M-%S"))
     if out.exists() and any(out.iterdir()):  # the harness appends to its records: never mix two benchmarks
         sys.exit(f"error: {out} already holds results; give a new --out directory")
     out.mkdir(parents=True, exist_ok=True)
 
     rng = random.Random(0)
-    prompts = [[rng.randrange(10, 3400) for _ in range(n)] for n in lengths for _ in range(args.per_length)]
+    prompts = [[rng.randrange(10, 3400) for _ in range(n)] for n in lengths for _ in range(plan.per_length)]
     (out / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
-    if args.two_gpus:
-        args.device = "cuda"
-        args.overrides = ["device.prefill_gpu=0", "device.decode_gpu=1", "device.baseline_gpu=0", *args.overrides]
-    ceiling_of = "GPU 0 -> GPU 1 peer copy" if args.two_gpus else f"{args.device} copy"
+    ceiling_of = "GPU 0 -> GPU 1 peer copy" if args.two_gpus else f"{plan.device} copy"
 
     def ceiling_now() -> float:
         if args.two_gpus:
             return copy_ceiling_gbps("cuda:0", to_device="cuda:1")
-        return copy_ceiling_gbps(args.device)
+        return copy_ceiling_gbps(plan.device)
 
     ceiling_before = ceiling_now()
     print(f"copy ceiling before: {ceiling_before:.2f} GB/s", flush=True)
 
     codes = []
-    for strategy in args.strategies.split(","):
+    for strategy in plan.strategies:
         run_dir = out / strategy
-        cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}", f"strategy={strategy}",
-               f"device={args.device}", "workload=jsonl", f"workload.path={out / 'prompts.jsonl'}",
-               f"engine.max_model_len={max(lengths) + 64}", "sampling.max_tokens=4",
-               *overrides_for(strategy, args.overrides, args.set)]
+        cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}",
+               *plan.harness_overrides(strategy, out / "prompts.jsonl")]
         print(f"--- {strategy}: {' '.join(cmd[2:])}", flush=True)
         codes.append(subprocess.run(cmd, cwd=ROOT).returncode)
 
@@ -98,7 +95,7 @@ def main() -> int:
     ceiling = max(ceiling_before, ceiling_after)
     print(f"copy ceiling after: {ceiling_after:.2f} GB/s", flush=True)
 
-    strategies = args.strategies.split(",")
+    strategies = plan.strategies
     rows = strategy_rows(load_requests(*(out / s for s in strategies)), strategies, ceiling)
     title = (f"ceiling ({ceiling_of}, same run): {ceiling:.2f} GB/s "
              f"(before {ceiling_before:.2f}, after {ceiling_after:.2f})")
@@ -111,18 +108,48 @@ def main() -> int:
     return 0 if all(c == 0 for c in codes) else 1
 
 
-def overrides_for(strategy: str, overrides: list[str], sets: list[str]) -> list[str]:
-    """The harness overrides for one strategy's run: the common ones, with the keys that this
-    strategy's --set STRATEGY:KEY=VALUE items give replaced by theirs."""
-    mine = []
-    for item in sets:
-        name, sep, override = item.partition(":")
-        if not sep or "=" not in override or not name:
-            sys.exit(f"error: --set {item!r}: expected STRATEGY:KEY=VALUE, e.g. full_cache:engine.kv_cache_gib=2.5")
-        if name == strategy:
-            mine.append(override)
-    keys = {o.split("=", 1)[0] for o in mine}
-    return [o for o in overrides if o.split("=", 1)[0] not in keys] + mine
+class Plan:
+    """What one benchmark runs: the experiment, the overrides after --, and what its config
+    (composed as the harness composes it) says about lengths, strategies and device."""
+
+    def __init__(self, experiment: str, overrides: list[str], lengths: list[int], per_length: int,
+                 strategies: list[str], device: str):
+        self.experiment, self.overrides = experiment, overrides
+        self.lengths, self.per_length, self.strategies, self.device = lengths, per_length, strategies, device
+
+    @classmethod
+    def compose(cls, experiment: str, overrides: list[str], two_gpus: bool = False) -> Plan:
+        from hydra import compose, initialize_config_dir
+        from hydra.errors import HydraException
+        from omegaconf import OmegaConf
+        from omegaconf.errors import OmegaConfBaseException
+
+        OmegaConf.register_new_resolver("project_root", lambda: str(ROOT), replace=True)
+        if two_gpus:
+            overrides = ["device=cuda", "device.prefill_gpu=0", "device.decode_gpu=1", "device.baseline_gpu=0",
+                         *overrides]
+        try:
+            with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+                cfg = compose("config", overrides=[f"experiment={experiment}", *overrides])
+            bench = cfg.get("bench")
+            if bench is None:
+                raise ValueError(f"experiment {experiment!r} has no bench section (lengths, per_length, strategies)")
+            plan = cls(experiment, list(overrides), [int(n) for n in bench.lengths], int(bench.per_length),
+                       list(bench.strategies), cfg.device.type)
+        except (HydraException, OmegaConfBaseException, ValueError, TypeError) as e:
+            print(f"error: --experiment {experiment} -- {' '.join(overrides)}: {str(e).splitlines()[0]}",
+                  file=sys.stderr)
+            sys.exit(2)
+        if plan.device == "auto":
+            import torch
+
+            plan.device = "cuda" if torch.cuda.is_available() else "cpu"
+        return plan
+
+    def harness_overrides(self, strategy: str, prompts: Path) -> list[str]:
+        """One strategy's harness run: the experiment, the benchmark's prompts, then the overrides after --."""
+        return [f"experiment={self.experiment}", f"strategy={strategy}", "workload=jsonl", f"workload.path={prompts}",
+                f"engine.max_model_len={max(self.lengths) + 64}", "sampling.max_tokens=4", *self.overrides]
 
 
 # Per strategy and prompt length: the median of the requests, with its bootstrap interval

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # GPU runs on the device machine (one H200, vLLM 0.26 from ../shared/gpu's bundle, already
 # installed and sourced). Writes logs and result tables under $OUT (default results/gpu).
-#   bash scripts/gpu_run.sh check    # default model: fused and per_request_blocks match the baseline
-#   bash scripts/gpu_run.sh bench    # Llama-3-8B shape, 512/2k/8k/16k tokens, one GPU
+#   bash scripts/gpu_run.sh check    # tests/test_gpu.py: every strategy matches the baseline on CUDA (pytest args follow)
+#   bash scripts/gpu_run.sh bench    # experiment=gpu_bench: Llama-3-8B shape, 512/2k/8k/16k tokens, one GPU
 #   bash scripts/gpu_run.sh bench2   # the same with prefill on GPU 0 and decode on GPU 1
 #   bash scripts/gpu_run.sh probe    # scripts/gpu_copy_probe.py, on one GPU and (if there are two) across
-# full_cache runs with a 2.5 GiB cache (it moves the whole cache per request; 16k tokens need 2 GiB).
+# What bench runs is conf/experiment/gpu_bench.yaml (full_cache's 2.5 GiB cache: gpu_bench/full_cache.yaml);
+# harness overrides follow (bench.lengths=[512,2048]), or LENGTHS=512,2048 PER_LENGTH=1 STRATEGIES=fused.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-results/gpu}   # run directories
@@ -16,18 +17,15 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu
 python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >> "$OUT/gpu.txt" 2>&1
 case "${1:-check}" in
   check)
-    for s in fused per_request_blocks layerwise; do
-      python3 -m harness device=cuda strategy=$s workload=synthetic workload.prompt_len=300 \
-        workload.num_prompts=6 workload.concurrency=2 "hydra.run.dir=$RUNS/check-$s" "${@:2}" 2>&1 | tail -14
-      cp "$RUNS/check-$s/summary.json" "$OUT/check-$s.summary.json" 2>/dev/null
+    python3 -m pytest -q tests/test_gpu.py "${@:2}" 2>&1 | tail -30
+    for d in results/tests/gpu-*/; do
+      [ -f "$d/summary.json" ] && cp "$d/summary.json" "$OUT/check-$(basename "$d").summary.json"
     done ;;
   bench|bench2)
     name=$1; two=(); [ "$1" = bench2 ] && two=(--two-gpus)
-    python3 scripts/bench_strategies.py --device cuda "${two[@]}" --lengths "${LENGTHS:-512,2048,8192,16384}" \
-      --per-length "${PER_LENGTH:-2}" --strategies "${STRATEGIES:-fused,layerwise,per_request_blocks,full_cache}" \
-      --set full_cache:engine.kv_cache_gib=2.5 \
-      --out "$RUNS/$name" -- model=llama3_8b_shape engine.gpu_memory_utilization=0.28 engine.kv_cache_gib=16 \
-      "${@:2}" 2>&1 | grep -v "^\[" | tail -40
+    python3 scripts/bench_strategies.py --experiment gpu_bench "${two[@]}" --out "$RUNS/$name" -- \
+      ${LENGTHS:+"bench.lengths=[$LENGTHS]"} ${PER_LENGTH:+"bench.per_length=$PER_LENGTH"} \
+      ${STRATEGIES:+"bench.strategies=[$STRATEGIES]"} "${@:2}" 2>&1 | grep -v "^\[" | tail -40
     cp "$RUNS/$name/table.md" "$OUT/$name-table.md" 2>/dev/null
     cp "$RUNS/$name/rows.csv" "$OUT/$name-rows.csv" 2>/dev/null
     cp "$RUNS/$name/figure.png" "$OUT/$name-figure.png" 2>/dev/null

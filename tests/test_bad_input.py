@@ -1,12 +1,26 @@
-"""Bad input stops before any engine starts, with an error that says what to do."""
+"""Bad input stops before any engine starts: exit 2, one line on stderr that says what to do,
+summary.json status bad_input. (Hydra's own refusals, such as an unknown group choice, exit 1.)"""
 
+import json
 import time
+
+import pytest
 
 from tests.conftest import run_harness, write_token_prompts
 
 
 def _no_engine_started(run):
     return not list(run.run_dir.glob("*.log")) or all(p.name == "__main__.log" for p in run.run_dir.glob("*.log"))
+
+
+def assert_bad_input(run, *words):
+    """Exit 2, exactly one line on stderr (no traceback) holding each of `words`, nothing started."""
+    assert run.code == 2, run.stderr[-3000:]
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), run.stderr[-3000:]
+    for w in words:
+        assert w in lines[0]
+    assert run.summary["status"] == "bad_input" and _no_engine_started(run)
 
 
 def test_unknown_strategy_lists_choices(tmp_path):
@@ -47,3 +61,68 @@ def test_strategy_package_not_installed(tmp_path):
     run = run_harness(tmp_path / "r", "strategy=vllm_nixl", "strategy.requires=[no_such_package_xyz]")
     assert run.code == 2 and "no_such_package_xyz" in run.stderr and "make setup" in run.stderr
     assert _no_engine_started(run)
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (["workload=jsonl"], ["workload.path"]),                                    # not given
+    (["workload=jsonl", "workload.path=/no/such/prompts.jsonl"], ["not found", "workload.path"]),
+    (["workload=synthetic", "workload.num_prompts=0"], ["workload.num_prompts", "got 256 and 0"]),
+    (["workload=smoke", "workload.prompt_len=0"], ["workload.prompt_len must be >= 1"]),
+    (["workload.concurrency=0"], ["workload.concurrency must be >= 1"]),
+])
+def test_workload_errors_raised_inside_hydras_instantiate(tmp_path, overrides, words):
+    """The builders run inside Hydra's instantiate, which wraps what they raise."""
+    assert_bad_input(run_harness(tmp_path / "r", *overrides), *words)
+
+
+@pytest.mark.parametrize("rows,words", [
+    ('{"prompt": [5, 6]}\n{"prompt": [7, \n', ["p.jsonl:2", "JSON object"]),         # malformed line
+    ('{"prompt": [5, 6]}\n{"text": "hi"}\n', ["p.jsonl:2", "'prompt' field"]),    # a row without the field
+    ('{"prompt": [5, -1]}\n', ["p.jsonl:1", "token ids"]),                         # not token ids
+    ("\n\n", ["has no prompts"]),                                                  # empty
+])
+def test_malformed_jsonl(tmp_path, rows, words):
+    (tmp_path / "p.jsonl").write_text(rows)
+    assert_bad_input(run_harness(tmp_path / "r", "workload=jsonl", f"workload.path={tmp_path / 'p.jsonl'}"), *words)
+
+
+@pytest.mark.parametrize("max_tokens", ["0", "-1"])
+def test_max_tokens_below_one(tmp_path, max_tokens):
+    assert_bad_input(run_harness(tmp_path / "r", f"sampling.max_tokens={max_tokens}"), "sampling.max_tokens",
+                     f"got {max_tokens}")
+
+
+def test_a_block_size_vllm_refuses(tmp_path):
+    """vLLM 0.32's CPU attention takes multiples of 32 (16 in 0.26): 16 would fail in all three engines."""
+    assert_bad_input(run_harness(tmp_path / "r", "engine.block_size=16"), "engine.block_size=16", "multiples of 32",
+                     "engine.block_size=32")
+
+
+def test_vllm_example_with_a_prompt_under_one_block(tmp_path):
+    """vLLM's ExampleConnector keys its files by whole blocks: the seed's short prompts have none."""
+    assert_bad_input(run_harness(tmp_path / "r", "strategy=vllm_example"), "prompt 0", "strategy 'vllm_example'",
+                     "at least 34")
+    prompts = write_token_prompts(tmp_path / "p.jsonl", [[5] * 40, [6] * 33])
+    assert_bad_input(run_harness(tmp_path / "s", "strategy=vllm_example", "workload=jsonl", f"workload.path={prompts}"),
+                     "prompt 1", "has 33 tokens")
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (["+strategy.params.corrupt=true"], ["strategy.params.corrupt", "check.corrupt"]),
+    (["+strategy.params.transport=gloo"], ["strategy.params.transport", "transport="]),
+    (["strategy=vllm_example", "check.corrupt=true", "workload=synthetic"], ["check.corrupt", "ExampleConnector"]),
+    (["model=hf"], ["model.path has no value"]),
+])
+def test_settings_that_moved_or_do_not_apply(tmp_path, overrides, words):
+    assert_bad_input(run_harness(tmp_path / "r", *overrides), *words)
+
+
+def test_an_unknown_group_choice_is_hydras_exit_1(tmp_path):
+    run = run_harness(tmp_path / "r", "transport=nope")
+    assert run.code == 1 and "Could not find 'transport/nope'" in run.stderr and "staged" in run.stderr
+    assert not (tmp_path / "r" / "summary.json").exists()
+
+
+def test_bad_input_summary_names_the_error(tmp_path):
+    run = run_harness(tmp_path / "r", "sampling.max_tokens=0")
+    assert json.loads((run.run_dir / "summary.json").read_text())["error"].startswith("sampling.max_tokens")

@@ -1,27 +1,44 @@
-"""Real wandb logging in offline mode (no network): the offline run directory holds the config,
+"""Trackers as the configs choose them (conf/tracking/*.yaml name their class as `_target_`),
+and real wandb logging in offline mode (no network): the offline run directory holds the config,
 the summary metrics and the per-request table."""
 
+import inspect
 import json
 import time
+from pathlib import Path
 
 import pytest
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from harness.tracking import NoTracking, make_tracker
+from harness.tracking import NoTracking, WandbTracking, make_tracker
+
+ROOT = Path(__file__).resolve().parent.parent
+OmegaConf.register_new_resolver("project_root", lambda: str(ROOT), replace=True)
+
+
+def composed(*overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=list(overrides))
 
 
 def test_no_tracking_by_default(tmp_path):
-    cfg = OmegaConf.create({"tracking": {"backend": "none"}})
-    assert type(make_tracker(cfg, tmp_path, "r")) is NoTracking
+    assert type(make_tracker(composed(), tmp_path, "r")) is NoTracking
+
+
+def test_a_tracking_config_names_a_class_that_takes_its_keys():
+    cfg = composed("tracking=wandb", "tracking.tags=[ci]")
+    assert cfg.tracking._target_ == "harness.tracking.WandbTracking" and cfg.tracking.mode == "offline"
+    takes = set(inspect.signature(WandbTracking).parameters)
+    assert {k for k in cfg.tracking if k != "_target_"} <= takes
 
 
 def test_wandb_offline_run_has_summary_and_table(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    cfg = OmegaConf.create({"strategy": {"name": "fused"},
-                            "tracking": {"backend": "wandb", "mode": "offline", "project": "test",
-                                         "entity": None, "group": None, "tags": ["ci"]}})
+    cfg = composed("strategy=fused", "tracking=wandb", "tracking.project=test", "tracking.tags=[ci]")
     t = make_tracker(cfg, tmp_path, "run-1")
+    assert isinstance(t, WandbTracking)
     t.log_summary({"match_rate": 1.0, "ttft_ms_p50": 12.5, "status": "ok", "timings": {"startup_s": 3.0}})
     t.log_requests([{"prompt_idx": 0, "ttft_ms": 12.5, "match": True, "token_ids": [1, 2]},
                     {"prompt_idx": 1, "ttft_ms": 13.0, "match": True, "token_ids": [3]}])

@@ -1,0 +1,237 @@
+"""The configs, without engines: every command the README shows and every override the configs'
+comments show composes as written (Hydra's compose API on conf/, as `python -m harness` composes
+it, a sweep's comma lists expanded into its jobs), and passes the harness's own checks of values;
+the namespaces (strategy params, check, transport) reach the connectors as agreed."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf
+
+from harness.run import ConfigError, check_settings, transfer_config
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF = ROOT / "conf"
+OmegaConf.register_new_resolver("project_root", lambda: str(ROOT), replace=True)
+
+_spec = importlib.util.spec_from_file_location("bench_strategies", ROOT / "scripts" / "bench_strategies.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+
+def jobs(overrides: list[str]) -> list[list[str]]:
+    """The jobs of a command line: one, or one per point of a sweep's comma lists."""
+    choices = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.is_sweep_override():
+            choices.append([f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()])
+        else:
+            choices.append([o.input_line])
+    return [list(job) for job in itertools.product(*choices)]
+
+
+def compose_job(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=overrides, return_hydra_config=True)
+
+
+def missing(cfg) -> list[str]:
+    """The values still ??? (Hydra's own are filled in when it runs), found without resolving."""
+    def walk(node, prefix):
+        if isinstance(node, dict):
+            return [k for key, v in node.items() if key != "hydra" for k in walk(v, f"{prefix}{key}.")]
+        return [prefix[:-1]] if node == "???" else []
+
+    return walk(OmegaConf.to_container(cfg, resolve=False), "")
+
+
+# ---------------------------------------------------------------------- what the docs show
+def readme_code_lines() -> list[str]:
+    """The README's indented code lines, continuation lines joined."""
+    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    return [line.strip() for line in text.splitlines() if line.startswith("    ")]
+
+
+def without_comment(line: str) -> str:
+    return line.split(" #", 1)[0]
+
+
+def readme_harness_commands() -> list[list[str]]:
+    commands = []
+    for line in readme_code_lines():
+        m = re.search(r"python -m harness\b(.*)", line)
+        if m:
+            commands.append([a for a in shlex.split(without_comment(m.group(1))) if a not in ("-m", "--multirun")])
+    return commands
+
+
+def readme_bench_commands() -> list[tuple[str, list[str], bool]]:
+    commands = []
+    for line in readme_code_lines():
+        m = re.search(r"scripts/bench_strategies\.py\b(.*)", line)
+        if m:
+            args = bench.argument_parser().parse_args(shlex.split(without_comment(m.group(1))))
+            commands.append((args.experiment, args.overrides, args.two_gpus))
+    return commands
+
+
+def context(path: Path) -> list[str]:
+    """The overrides that select a config file, so that what its comments show applies to it."""
+    parts = path.relative_to(CONF).with_suffix("").parts
+    if len(parts) == 1:
+        return []
+    if parts[0] == "experiment" and len(parts) == 3:  # an experiment's settings for one strategy
+        return [f"experiment={parts[1]}", f"strategy={parts[2]}"]
+    return ["/".join(parts[:-1]) + "=" + parts[-1]]
+
+
+def clean(token: str) -> str:
+    token = token.strip("`").rstrip(".,;:")
+    for open_, close in ("()", "[]"):  # prose around an override: "(device.decode_gpu=1)", "[workload.field=prompt]"
+        if token.startswith(open_) and (token.endswith(close) or token.count(open_) > token.count(close)):
+            token = token[1:]
+        if token.endswith(close) and token.count(close) > token.count(open_):
+            token = token[:-1]
+    return token
+
+
+def yaml_comment_overrides() -> list[tuple[str, list[str]]]:
+    """(where, overrides): each `python -m harness` command in a comment as it stands, and each
+    other key=value a comment shows with the overrides that select its file."""
+    found = []
+    for path in sorted(CONF.rglob("*.yaml")):
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            if "#" not in line:
+                continue
+            comment = line.split("#", 1)[1]
+            where = f"{path.relative_to(ROOT)}:{n}"
+            command = re.match(r"\s*python -m harness(\s.*|$)", comment)
+            if command:
+                found.append((where, [a for a in shlex.split(command.group(1)) if a not in ("-m", "--multirun")]))
+                continue
+            for token in comment.split():
+                if "=" in token and not token.startswith("-"):
+                    found.append((where, [*context(path), clean(token)]))
+    return found
+
+
+README_COMMANDS = readme_harness_commands()
+YAML_OVERRIDES = yaml_comment_overrides()
+
+
+def test_the_docs_show_what_is_composed_below():
+    """The extraction itself: it finds what the README and the configs document."""
+    flat = [" ".join(c) for c in README_COMMANDS]
+    assert len(README_COMMANDS) >= 8 and any("transport=gloo" in c for c in flat)
+    assert any("check.corrupt=true" in c for c in flat) and any("hydra/launcher=slurm" in c for c in flat)
+    shown = {o[-1] for _, o in YAML_OVERRIDES}
+    assert {"strategy.params.granularity=block", "tracking.mode=online", "check.corrupt=true",
+            "transport.staging_mb=1024", "bench.lengths=[32,2048]", "hydra.launcher.gpus_per_node=2"} <= shown
+    assert len(readme_bench_commands()) >= 3
+
+
+@pytest.mark.parametrize("overrides", README_COMMANDS, ids=" ".join)
+def test_every_readme_command_composes_and_passes_the_checks(overrides):
+    for job in jobs(overrides):
+        cfg = compose_job(job)
+        assert not missing(cfg), "a command in the README must be complete"
+        check_settings(cfg)
+
+
+@pytest.mark.parametrize("where,overrides", YAML_OVERRIDES, ids=[w for w, _ in YAML_OVERRIDES])
+def test_every_override_in_the_configs_comments_composes(where, overrides):
+    for job in jobs(overrides):
+        cfg = compose_job(job)
+        if not missing(cfg):  # e.g. an override shown for strategy=custom, whose module is the user's
+            check_settings(cfg)
+
+
+@pytest.mark.parametrize("experiment,overrides,two_gpus", readme_bench_commands())
+def test_every_readme_benchmark_command_composes(experiment, overrides, two_gpus):
+    plan = bench.Plan.compose(experiment, overrides, two_gpus)
+    assert plan.lengths and plan.strategies
+    for strategy in plan.strategies:
+        check_settings(compose_job(plan.harness_overrides(strategy, Path("/tmp/prompts.jsonl"))))
+
+
+def test_the_wandb_sweep_grid_composes():
+    sweep = OmegaConf.to_container(OmegaConf.load(CONF / "wandb_sweep.yaml"), resolve=False)  # ${env}: wandb's
+    fixed = [a for a in sweep["command"] if "=" in a]
+    grid = [[f"{k}={v}" for v in p["values"]] for k, p in sweep["parameters"].items()]
+    for point in itertools.product(*grid):
+        check_settings(compose_job([*fixed, *point]))
+
+
+def test_an_override_that_does_not_compose_fails_here():
+    """The tests above fail on a documented override that does not compose (as the README's own
+    `strategy.params.transport=gloo` once did)."""
+    with pytest.raises(Exception, match="strategy.params.transport"):
+        compose_job(["strategy.params.transport=gloo"])
+
+
+# ---------------------------------------------------------------------- namespaces
+def test_each_strategy_declares_its_params():
+    for path in sorted((CONF / "strategy").glob("*.yaml")):
+        cfg = compose_job([f"strategy={path.stem}"] + (["strategy.module=m", "strategy.connector=C"]
+                                                        if path.stem == "custom" else []))
+        assert OmegaConf.is_dict(cfg.strategy.params) or path.stem == "custom", path.name
+        assert "verify" not in cfg.strategy, "digests are check.digests now"
+    assert compose_job(["strategy=per_request_blocks"]).strategy.params.granularity == "layer"
+
+
+def test_our_connectors_get_harness_strategy_and_transport_sections(tmp_path):
+    cfg = compose_job(["strategy=per_request_blocks", "strategy.params.granularity=block", "transport=gloo",
+                       "check.corrupt=true", "run.transfer_timeout_s=7"])
+    kv = transfer_config(cfg, "decode", tmp_path / "port", tmp_path / "decode.jsonl")
+    assert kv["kv_role"] == "kv_consumer" and kv["kv_connector_module_path"] == "transfer_strategies.per_request_blocks"
+    extra = kv["kv_connector_extra_config"]
+    assert extra["strategy"] == {"granularity": "block"}
+    assert extra["transport"] == {"kind": "gloo", "staging_mb": None}
+    assert extra["harness"] == {"rendezvous": str(tmp_path / "port"), "host": "127.0.0.1",
+                                "stats_path": str(tmp_path / "decode.jsonl"), "verify": True, "corrupt": True,
+                                "timeout_s": 7.0}
+    staged = transfer_config(compose_job(["transport.staging_mb=64", "check.digests=false"]), "prefill",
+                             tmp_path / "p", tmp_path / "s")["kv_connector_extra_config"]
+    assert staged["transport"] == {"kind": "staged", "staging_mb": 64} and staged["harness"]["verify"] is False
+
+
+def test_vllm_connectors_get_their_params_flat(tmp_path):
+    cfg = compose_job(["strategy=vllm_nixl"])
+    kv = transfer_config(cfg, "prefill", tmp_path / "p", tmp_path / "s")
+    assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_connector_extra_config": {}}
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["+strategy.params.corrupt=true"], "use check.corrupt"),
+    (["+strategy.params.transport=gloo"], "use transport=staged|gloo"),
+    (["strategy=per_request_blocks", "+strategy.params.timeout_s=5"], "use run.transfer_timeout_s"),
+    (["+strategy.params.rendezvous=/x"], "the harness sets it"),
+    (["strategy=vllm_example", "check.corrupt=true"], "vLLM's own ExampleConnector"),
+    (["sampling.max_tokens=0"], "sampling.max_tokens must be an integer >= 1"),
+    (["sampling.max_tokens=-1"], "sampling.max_tokens must be an integer >= 1"),
+    (["engine.block_size=0"], "engine.block_size must be a positive integer"),
+    (["engine.kv_cache_gib=0"], "engine.kv_cache_gib must be > 0"),
+    (["transport.staging_mb=0"], "transport.staging_mb must be a positive integer"),
+])
+def test_values_the_harness_refuses(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_settings(compose_job(overrides))
+
+
+def test_a_vllm_connector_may_take_any_param_name():
+    check_settings(compose_job(["strategy=vllm_nixl", "+strategy.params.timeout_s=5"]))
+
+
+def test_transport_and_check_defaults():
+    cfg = compose_job([])
+    assert cfg.transport == {"kind": "staged", "staging_mb": None}
+    assert cfg.check == {"digests": True, "corrupt": False}
+    assert compose_job(["transport=gloo"]).transport.kind == "gloo"

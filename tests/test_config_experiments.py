@@ -1,0 +1,91 @@
+"""Experiments (conf/experiment/) and the engine settings a strategy declares, without engines:
+the configs each benchmark run gets, as `scripts/bench_strategies.py` builds its harness
+commands and Hydra composes them."""
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parent.parent
+OmegaConf.register_new_resolver("project_root", lambda: str(ROOT), replace=True)
+
+_spec = importlib.util.spec_from_file_location("bench_strategies", ROOT / "scripts" / "bench_strategies.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+
+PROMPTS = Path("/tmp/prompts.jsonl")
+
+
+def composed(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+@pytest.mark.parametrize("experiment,full_cache_gib,others_gib", [
+    (None, 0.0625, 1), ("cpu_bench", 0.0625, 1), ("gpu_bench", 2.5, 16)])
+def test_full_cache_keeps_the_cache_it_declares_whatever_the_experiment_sets(experiment, full_cache_gib, others_gib):
+    chosen = [f"experiment={experiment}"] if experiment else []
+    assert composed([*chosen, "strategy=full_cache"]).engine.kv_cache_gib == full_cache_gib
+    for strategy in ("fused", "per_request_blocks", "layerwise"):
+        assert composed([*chosen, f"strategy={strategy}"]).engine.kv_cache_gib == others_gib
+
+
+def test_the_command_line_still_overrides_a_strategys_engine_settings():
+    assert composed(["experiment=gpu_bench", "strategy=full_cache", "engine.kv_cache_gib=3"]).engine.kv_cache_gib == 3
+    assert composed(["strategy=full_cache", "engine.kv_cache_gib=2"]).engine.kv_cache_gib == 2
+
+
+def test_the_gpu_benchmark_runs_every_strategy_as_gpu_run_sh_did():
+    """What `gpu_run.sh bench` passed as flags, --set included, now comes from experiment=gpu_bench."""
+    plan = bench.Plan.compose("gpu_bench", [])
+    assert plan.device == "cuda" and plan.lengths == [512, 2048, 8192, 16384] and plan.per_length == 2
+    assert sorted(plan.strategies) == ["full_cache", "fused", "layerwise", "per_request_blocks"]
+    for strategy in plan.strategies:
+        cfg = composed(plan.harness_overrides(strategy, PROMPTS))
+        assert cfg.strategy.name == strategy and cfg.model.name == "llama3-8b-shape" and cfg.device.type == "cuda"
+        assert cfg.engine.gpu_memory_utilization == 0.28 and cfg.engine.max_model_len == 16384 + 64
+        assert cfg.engine.kv_cache_gib == (2.5 if strategy == "full_cache" else 16)
+        assert cfg.workload.path == str(PROMPTS) and cfg.sampling.max_tokens == 4
+
+
+def test_two_gpus_put_decode_on_the_second():
+    plan = bench.Plan.compose("gpu_bench", ["bench.strategies=[fused]"], two_gpus=True)
+    cfg = composed(plan.harness_overrides("fused", PROMPTS))
+    assert (cfg.device.prefill_gpu, cfg.device.decode_gpu, cfg.device.baseline_gpu) == (0, 1, 0)
+    assert plan.strategies == ["fused"]
+
+
+def test_the_cpu_benchmark_composes_what_the_old_flags_did():
+    """python scripts/bench_strategies.py with no arguments: the same harness configs as before
+    experiments (the committed CPU tables were taken with those), plus the bench section."""
+    plan = bench.Plan.compose("cpu_bench", [])
+    assert plan.device == "cpu" and plan.lengths == [32, 128, 256, 512, 1024, 2048] and plan.per_length == 5
+    for strategy in plan.strategies:
+        new = OmegaConf.to_container(composed(plan.harness_overrides(strategy, PROMPTS)))
+        old = OmegaConf.to_container(composed([f"strategy={strategy}", "device=cpu", "workload=jsonl",
+                                               f"workload.path={PROMPTS}", "engine.max_model_len=2112",
+                                               "sampling.max_tokens=4"]))
+        assert new.pop("bench") == {"lengths": plan.lengths, "per_length": 5, "strategies": plan.strategies}
+        assert new == old, strategy
+
+
+def test_overrides_after_the_double_dash_reach_every_run():
+    plan = bench.Plan.compose("cpu_bench", ["bench.lengths=[32,64]", "engine.block_size=64"])
+    assert plan.lengths == [32, 64]
+    assert composed(plan.harness_overrides("fused", PROMPTS)).engine.block_size == 64
+
+
+@pytest.mark.parametrize("experiment,overrides,message", [
+    ("cpu_bench", ["bench.lenghts=[32]"], "bench.lenghts"),
+    ("nope", [], "experiment/nope"),
+    ("gpu_check", [], "no bench section"),
+])
+def test_bad_benchmark_input_stops_before_any_run(experiment, overrides, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.Plan.compose(experiment, overrides)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
