@@ -36,7 +36,7 @@ def copy_ceiling_gbps(device: str = "cpu", nbytes: int | None = None, repeats: i
         t0 = time.perf_counter()
         dst.copy_(src)
         times.append(time.perf_counter() - t0)
-    del src, dst
+    src = dst = None  # freed before the cache is emptied
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return nbytes / statistics.median(times[1:]) / 1e9

@@ -12,6 +12,7 @@ its GPU memory back. Each child leads its own process group and dies with the ha
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
@@ -23,7 +24,6 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 
-
 # Engines leave on os._exit / SIGKILL, so vLLM's semaphores are reclaimed by multiprocessing's
 # resource tracker, which would warn about each one at exit.
 os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.resource_tracker")
@@ -34,16 +34,14 @@ class EngineDied(RuntimeError):
 
 
 def _die_with_parent() -> None:
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None:
     os.setsid()
     _die_with_parent()
-    log = open(log_path, "a", buffering=1)
+    log = open(log_path, "a", buffering=1)  # noqa: SIM115 - the engine's stdout and stderr until it exits
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
     os.environ.update(env)
@@ -92,10 +90,8 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
     except BaseException:
         traceback.print_exc()
         sys.stdout.flush()
-        try:
+        with contextlib.suppress(Exception):  # the parent may be gone already
             conn.send(("error", {"traceback": traceback.format_exc()}))
-        except Exception:
-            pass
         os._exit(1)
 
 
@@ -129,10 +125,8 @@ class EngineProcess:
     def failure_message(self) -> str:
         code = self.proc.exitcode
         tail = ""
-        try:
+        with contextlib.suppress(OSError):
             tail = "".join(Path(self.log_path).read_text(errors="replace").splitlines(keepends=True)[-25:])
-        except OSError:
-            pass
         return (f"the {self.name} engine (pid {self.proc.pid}) died"
                 f"{f' with exit code {code}' if code is not None else ''}; last lines of {self.log_path}:\n{tail}")
 

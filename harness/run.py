@@ -14,11 +14,12 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
+from tqdm import tqdm
 
 from harness.ceiling import copy_ceiling_gbps
 from harness.compare import compare_outputs
@@ -234,32 +235,11 @@ def free_port() -> int:
 
 
 # ---------------------------------------------------------------------- driving requests
-class Progress:
-    """Phase, requests done and ETA on one terminal line (a line every 10 s when not a terminal)."""
-
-    def __init__(self, phase: str, total: int):
-        self.phase, self.total, self.done = phase, total, 0
-        self.t0 = self.shown = time.monotonic()
-        self.tty = sys.stdout.isatty()
-
-    def step(self) -> None:
-        self.done += 1
-        now = time.monotonic()
-        if self.done < self.total and now - self.shown < (0.5 if self.tty else 10):
-            return
-        self.shown = now
-        eta = (now - self.t0) / self.done * (self.total - self.done)
-        line = f"[{self.phase}] {self.done}/{self.total} requests, {now - self.t0:.0f} s, ETA {eta:.0f} s"
-        print(f"\r{line}" if self.tty else line, end="\n" if not self.tty or self.done == self.total else "",
-              flush=True)
-
-
 def pipeline(stages: list[tuple[EngineProcess, Callable[[Prompt, list[dict]], dict]]], workload: Workload,
              timeout_s: float, on_finish: Callable[[Prompt, float, list[dict]], None], phase: str = "") -> None:
     """Run every prompt through the stages in order (a stage starts when the previous one has
     finished; its sampling parameters may use the earlier stages' results), with up to
     `workload.concurrency` prompts in flight."""
-    progress = Progress(phase or "+".join(e.name for e, _ in stages), len(workload.prompts))
     waiting = list(workload.prompts)
     active: dict[str, tuple[Prompt, int, float, list[dict]]] = {}
     engines = list({id(e): e for e, _ in stages}.values())
@@ -270,25 +250,29 @@ def pipeline(stages: list[tuple[EngineProcess, Callable[[Prompt, list[dict]], di
         active[rid] = (p, stage, t0, results)
         engine.submit(rid, p.token_ids, sampling(p, results))
 
+    # live on one line in a terminal; in logs and CI a line every 10 s
+    progress = tqdm(total=len(workload.prompts), desc=phase or "+".join(e.name for e, _ in stages), unit="req",
+                    file=sys.stdout, mininterval=0.5 if sys.stdout.isatty() else 10, dynamic_ncols=True)
     last_progress = time.monotonic()
-    while waiting or active:
-        while waiting and len(active) < workload.concurrency:
-            submit(waiting.pop(0), 0, time.monotonic(), [])
-        events = next_events(engines, 1.0)
-        if not events and time.monotonic() - last_progress > timeout_s:
-            raise EngineDied(f"no request finished for {timeout_s:.0f} s (run.request_timeout_s); "
-                             f"in flight: {sorted(active)}")
-        for _, kind, info in events:
-            if kind != "done":
-                continue
-            last_progress = time.monotonic()
-            p, stage, t0, results = active.pop(info["req_id"])
-            results.append(info)
-            if stage + 1 < len(stages):
-                submit(p, stage + 1, t0, results)
-            else:
-                on_finish(p, t0, results)
-                progress.step()
+    with progress:
+        while waiting or active:
+            while waiting and len(active) < workload.concurrency:
+                submit(waiting.pop(0), 0, time.monotonic(), [])
+            events = next_events(engines, 1.0)
+            if not events and time.monotonic() - last_progress > timeout_s:
+                raise EngineDied(f"no request finished for {timeout_s:.0f} s (run.request_timeout_s); "
+                                 f"in flight: {sorted(active)}")
+            for _, kind, info in events:
+                if kind != "done":
+                    continue
+                last_progress = time.monotonic()
+                p, stage, t0, results = active.pop(info["req_id"])
+                results.append(info)
+                if stage + 1 < len(stages):
+                    submit(p, stage + 1, t0, results)
+                else:
+                    on_finish(p, t0, results)
+                    progress.update()
 
 
 class TransferStats:
@@ -460,7 +444,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
 
         t0 = time.monotonic()
         s = cfg.strategy
-        pipeline([(engines["prefill"], lambda p, r: sampling_params(cfg, 1, handoff_params(s, "prefill", tid(p), None))),
+        pipeline([(engines["prefill"],
+                   lambda p, r: sampling_params(cfg, 1, handoff_params(s, "prefill", tid(p), None))),
                   (engines["decode"], lambda p, r: sampling_params(
                       cfg, cfg.sampling.max_tokens, handoff_params(s, "decode", tid(p), r[0])))],
                  workload, cfg.run.request_timeout_s, on_disagg)

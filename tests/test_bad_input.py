@@ -8,6 +8,9 @@ import pytest
 
 from tests.conftest import run_harness, write_token_prompts
 
+# each case is a `python -m harness` process that imports vLLM: seconds each, minutes in all
+pytestmark = pytest.mark.slow
+
 
 def _no_engine_started(run):
     return not list(run.run_dir.glob("*.log")) or all(p.name == "__main__.log" for p in run.run_dir.glob("*.log"))

@@ -13,6 +13,9 @@ from omegaconf import OmegaConf
 
 from harness.sweep import SweepSummary
 
+# each case is a `python -m harness` process that imports vLLM: seconds each, minutes in all
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

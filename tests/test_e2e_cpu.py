@@ -9,13 +9,15 @@ several requests in flight at once.
 """
 
 import json
-import re
 import random
+import re
 
 import psutil
 import pytest
 
 from tests.conftest import ROOT, run_harness, write_token_prompts
+
+pytestmark = pytest.mark.engine
 
 BLOCK = 32
 N_LAYERS = json.loads((ROOT / "models" / "tiny-llama" / "config.json").read_text())["num_hidden_layers"]
@@ -149,19 +151,20 @@ def test_vllm_nixl_connector_on_the_edge_prompts(results_dir, tmp_path_factory):
     assert sum(int(k) for k, _ in done) == n and all(failed == "0" for _, failed in done)
 
 
-@pytest.fixture(scope="module")
-def corrupted_run(results_dir, tmp_path_factory):
-    return harness_on_edge_prompts(results_dir, tmp_path_factory, "corrupt", "strategy=fused",
-                                   "+strategy.params.corrupt=true")
+@pytest.fixture(scope="module", params=["fused", "layerwise"])  # after one receive, and after layer-by-layer loads
+def corrupted_run(request, results_dir, tmp_path_factory):
+    return harness_on_edge_prompts(results_dir, tmp_path_factory, f"corrupt-{request.param}",
+                                   f"strategy={request.param}", "check.corrupt=true")
 
 
 def test_negative_control_corruption_is_caught(corrupted_run):
-    """A transfer corrupted on purpose must show as digest failures and output mismatches."""
+    """KV damaged on purpose after the strategy's own receive must show as digest failures and
+    output mismatches."""
     assert corrupted_run.code == 1
     s = corrupted_run.summary
     assert s["status"] == "mismatch"
     rows = corrupted_run.jsonl("requests.jsonl")
-    corrupted = [r for r in rows if r["blocks"] and not r["skip_blocks"]]
+    corrupted = [r for r in rows if r["blocks"] > r["skip_blocks"]]  # received at least one block
     assert corrupted and all(r["digest_match"] is False for r in corrupted)
     assert s["digest_failures"] >= len(corrupted)
     assert s["mismatches"] >= len(corrupted) // 2, "corrupting a block should change most outputs"

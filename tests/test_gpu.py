@@ -10,7 +10,6 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.engine,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
-WORKLOAD = ["workload=synthetic", "workload.prompt_len=300", "workload.num_prompts=6", "workload.concurrency=2"]
 CASES = {
     "fused": ["strategy=fused"],
     "per_request_blocks": ["strategy=per_request_blocks"],
@@ -25,7 +24,7 @@ CASES = {
 def test_outputs_and_digests_match_the_baseline_on_cuda(case, results_dir):
     if "two_gpus" in case and torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
-    run = run_harness(results_dir / f"gpu-{case}", *CASES[case], *WORKLOAD, device="cuda")
+    run = run_harness(results_dir / f"gpu-{case}", "experiment=gpu_check", *CASES[case], device="cuda")
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
     assert s["status"] == "ok" and s["requests"] == 6 and s["match_rate"] == 1.0
