@@ -16,7 +16,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from harness.run import ConfigError, check_settings, transfer_config
+from harness.checks import ConfigError, check_settings
+from harness.run import transfer_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"

@@ -1,0 +1,154 @@
+"""Everything about a run that can be judged before any engine starts: the config's values, the
+device, the strategy's connector, vLLM's block-size rule, the model's tokenizer and the prompts.
+A failure here is bad input: one line, exit 2, nothing started.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+from pathlib import Path
+
+from omegaconf import DictConfig
+from omegaconf.errors import MissingMandatoryValue
+
+from harness.workload import Workload, build_workload
+
+
+class ConfigError(ValueError):
+    pass
+
+
+# ---------------------------------------------------------------------- checks before start
+def resolve_device(cfg: DictConfig) -> str:
+    import torch
+
+    kind = cfg.device.type
+    if kind == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but torch sees no GPU: use device=cpu or device=auto")
+    if kind not in ("cpu", "cuda"):
+        raise ConfigError(f"device.type must be auto, cpu or cuda, got {kind!r}")
+    if kind == "cuda":
+        for engine in ("baseline", "prefill", "decode"):
+            gpu = cfg.device[f"{engine}_gpu"]
+            if not 0 <= gpu < torch.cuda.device_count():
+                raise ConfigError(f"device.{engine}_gpu={gpu}, but torch sees {torch.cuda.device_count()} GPU(s) "
+                                  f"(indices count the GPUs in CUDA_VISIBLE_DEVICES)")
+    return kind
+
+
+# Harness and transport settings have their own keys now; a strategy param of the same name
+# would reach the strategy only, silently.
+NOT_STRATEGY_PARAMS = {"verify": "check.digests", "corrupt": "check.corrupt", "transport": "transport=staged|gloo",
+                       "staging_mb": "transport.staging_mb", "timeout_s": "run.transfer_timeout_s",
+                       "rendezvous": None, "host": None, "stats_path": None}
+
+
+def check_settings(cfg: DictConfig) -> None:
+    """The values that need no device, model or vLLM to judge."""
+    max_tokens = cfg.sampling.max_tokens
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ConfigError(f"sampling.max_tokens must be an integer >= 1 (the decode engine generates them), "
+                          f"got {max_tokens!r}")
+    block_size = cfg.engine.block_size
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ConfigError(f"engine.block_size must be a positive integer, got {block_size!r}")
+    if not cfg.engine.kv_cache_gib > 0:
+        raise ConfigError(f"engine.kv_cache_gib must be > 0, got {cfg.engine.kv_cache_gib!r}")
+    staging_mb = cfg.transport.get("staging_mb")
+    if staging_mb is not None and (not isinstance(staging_mb, int) or staging_mb < 1):
+        raise ConfigError(f"transport.staging_mb must be a positive integer (MiB) or null, got {staging_mb!r}")
+    s = cfg.strategy
+    if not s.module and cfg.check.corrupt:
+        raise ConfigError(f"check.corrupt=true damages the KV this project's connectors move; strategy {s.name!r} "
+                          f"is vLLM's own {s.connector}, which the harness does not reach into")
+    for key in s.params or {}:
+        if s.module and key in NOT_STRATEGY_PARAMS:
+            instead = NOT_STRATEGY_PARAMS[key]
+            raise ConfigError(f"strategy.params.{key} is not a strategy parameter: "
+                              + (f"use {instead}" if instead else "the harness sets it"))
+
+
+def check_block_size(block_size: int, device: str) -> None:
+    """vLLM's attention backends declare the block sizes their kernels take; an engine given
+    another one fails at start-up. On CPU the CPU attention backend says (a multiple of 32 in
+    vLLM 0.32, of 16 in 0.26); on CUDA FlashAttention, FlexAttention and Triton attention (what
+    vLLM picks for these models on NVIDIA GPUs) take multiples of 16 in 0.26 through 0.32."""
+    if device == "cpu":
+        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+        if CPUAttentionBackend.supports_block_size(block_size):
+            return
+        takes = [getattr(s, "base", s) for s in CPUAttentionBackend.get_supported_kernel_block_sizes()]
+        nearest = -(-block_size // takes[0]) * takes[0]
+        raise ConfigError(f"engine.block_size={block_size}: vLLM's CPU attention takes multiples of "
+                          f"{' or '.join(map(str, takes))}, e.g. engine.block_size={nearest}")
+    if block_size % 16:
+        raise ConfigError(f"engine.block_size={block_size}: vLLM's attention on CUDA takes multiples of 16, "
+                          f"e.g. engine.block_size={-(-block_size // 16) * 16}")
+
+
+def load_tokenizer(model_path: str):
+    local = Path(model_path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise ConfigError(f"model directory {local} has no config.json: not a Hugging Face model directory")
+    elif model_path.startswith(("/", ".", "~")) or local.suffix:
+        raise ConfigError(f"model path {model_path!r} does not exist: give an existing Hugging Face "
+                          f"directory (model.path=/path/to/model) or a hub id (model.path=org/name)")
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(str(local) if local.is_dir() else model_path)
+    except Exception as e:  # noqa: BLE001 - whatever transformers raises, the user needs the same advice
+        raise ConfigError(f"could not load the tokenizer of model {model_path!r}: {e}\n"
+                          f"Give a local Hugging Face directory or a hub id this machine can reach.") from None
+
+
+def load_connector(strategy: DictConfig) -> type:
+    """Import the strategy's connector class now, so a typo fails before any engine starts."""
+    logging.getLogger("vllm").setLevel(logging.ERROR)  # engine logs go to the engines' files, not here
+    for package in strategy.get("requires", None) or []:
+        if importlib.util.find_spec(package) is None:
+            raise ConfigError(f"strategy {strategy.name!r} needs the Python package {package!r}, which is not "
+                              f"installed: `make setup` installs it on CPU machines; elsewhere pip install {package}")
+    if not strategy.module:
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+        if strategy.connector not in KVConnectorFactory._registry:
+            raise ConfigError(f"strategy {strategy.name!r}: vLLM has no connector {strategy.connector!r}; "
+                              f"it has {sorted(KVConnectorFactory._registry)}")
+        return None
+    try:
+        module = importlib.import_module(strategy.module)
+    except ImportError as e:
+        raise ConfigError(f"strategy {strategy.name!r}: cannot import module {strategy.module!r} ({e}); "
+                          f"it must be importable from the project root or PYTHONPATH") from None
+    cls = getattr(module, strategy.connector, None)
+    if cls is None:
+        raise ConfigError(f"strategy {strategy.name!r}: module {strategy.module!r} has no class {strategy.connector!r}")
+    return cls
+
+
+def checked_inputs(cfg: DictConfig) -> tuple[str, Workload]:
+    """The device and the workload, once everything about the config, the model and the prompts
+    that can be known before any engine starts has been checked."""
+    try:
+        check_settings(cfg)
+        device = resolve_device(cfg)
+        load_connector(cfg.strategy)
+        check_block_size(cfg.engine.block_size, device)
+        workload = build_workload(cfg.workload, load_tokenizer(str(cfg.model.path)))
+    except MissingMandatoryValue as e:
+        raise ConfigError(f"{e.full_key} has no value (??? in conf/): give it on the command line, "
+                          f"{e.full_key}=...") from None
+    workload.check_fits(cfg.engine.max_model_len, cfg.sampling.max_tokens)
+    if cfg.strategy.get("min_prompt_blocks"):
+        workload.check_min_prompt_len(
+            cfg.strategy.min_prompt_blocks * cfg.engine.block_size + 2, f"strategy {cfg.strategy.name!r}",
+            f"engine.block_size + 2: vLLM's {cfg.strategy.connector} names its files after a prompt's whole "
+            f"blocks but its last two tokens, and prompts with none collide")
+    return device, workload
