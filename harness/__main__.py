@@ -17,7 +17,9 @@ from harness.records import PROJECT_ROOT
 OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), replace=True)
 
 
-@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+# An absolute path: relative ones resolve against the calling module, which for the console
+# script (disagg-harness) is a package, not this file
+@hydra.main(version_base="1.3", config_path=str(PROJECT_ROOT / "conf"), config_name="config")
 def main(cfg: DictConfig) -> int:
     from pathlib import Path
 
