@@ -56,6 +56,9 @@ def check_settings(cfg: DictConfig) -> None:
     block_size = cfg.engine.block_size
     if not isinstance(block_size, int) or block_size < 1:
         raise ConfigError(f"engine.block_size must be a positive integer, got {block_size!r}")
+    warmup = cfg.run.warmup_requests
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ConfigError(f"run.warmup_requests must be an integer >= 0, got {warmup!r}")
     if not cfg.engine.kv_cache_gib > 0:
         raise ConfigError(f"engine.kv_cache_gib must be > 0, got {cfg.engine.kv_cache_gib!r}")
     staging_mb = cfg.transport.get("staging_mb")

@@ -59,7 +59,9 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
             llm.generate([{"prompt_token_ids": [(7 * i) % 97 + 3 for i in range(n)]}],
                          SamplingParams(max_tokens=3, ignore_eos=True, detokenize=False, logprobs=1), use_tqdm=False)
         engine = llm.llm_engine
-        conn.send(("ready", {"startup_s": time.monotonic() - t0}))
+        # as vLLM resolved it: eager mode, the backend and the connector may each have changed it
+        mode = getattr(engine.vllm_config.compilation_config, "cudagraph_mode", None)
+        conn.send(("ready", {"startup_s": time.monotonic() - t0, "cudagraph_mode": getattr(mode, "name", None)}))
         first_token: dict[str, float] = {}
         while True:
             busy = engine.has_unfinished_requests()
@@ -106,6 +108,7 @@ class EngineProcess:
     conn: object = field(init=False)
     proc: object = field(init=False)
     startup_s: float = field(init=False, default=float("nan"))
+    cudagraph_mode: str | None = field(init=False, default=None)
 
     def __post_init__(self):
         ctx = mp.get_context("spawn")
@@ -185,4 +188,5 @@ def wait_ready(engines: list[EngineProcess], timeout_s: float) -> None:
         for e, kind, info in next_events(list(pending.values()), min(left, 1.0)):
             if kind == "ready":
                 e.startup_s = info["startup_s"]
+                e.cudagraph_mode = info.get("cudagraph_mode")
                 pending.pop(e.name)

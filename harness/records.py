@@ -106,11 +106,15 @@ def summarize(rows: list[dict]) -> dict:
 
 def run_summary(rows: list[dict], *, status: str, error: str | None, run_id: str, strategy: str, model: str,
                 workload: str, device: str, copy_ceiling_gbps: float | None, timings: dict,
-                engine_pids: dict) -> dict:
-    """summary.json: the statistics of the rows and what the run says about itself."""
-    return {**summarize(rows), "status": status, "error": error, "run_id": run_id, "strategy": strategy,
-            "model": model, "workload": workload, "device": device, "copy_ceiling_gbps": copy_ceiling_gbps,
-            "timings": timings, "engine_pids": engine_pids}
+                engine_pids: dict, cudagraph_modes: dict | None = None) -> dict:
+    """summary.json: the statistics of the rows and what the run says about itself
+    (cudagraph_modes: None for results recorded before it was)."""
+    out = {**summarize(rows), "status": status, "error": error, "run_id": run_id, "strategy": strategy,
+           "model": model, "workload": workload, "device": device, "copy_ceiling_gbps": copy_ceiling_gbps,
+           "timings": timings, "engine_pids": engine_pids}
+    if cudagraph_modes is not None:
+        out["cudagraph_mode"] = cudagraph_modes
+    return out
 
 
 REQUEST_COLUMNS = [

@@ -134,6 +134,15 @@ def pipeline(stages: list[tuple[EngineProcess, Callable[[Prompt, list[dict]], di
                     progress.update()
 
 
+def warmup_workload(workload: Workload, n: int) -> Workload:
+    """n prompts for warming up the P/D path: as long as the workload's longest, so every copy
+    path it takes is taken once, but other tokens (its tokens reversed, then rotated), so that
+    no measured prompt finds them in a prefix cache. Negative indices keep their transfer ids
+    apart from the measured ones."""
+    tokens = max(workload.prompts, key=lambda p: len(p.token_ids)).token_ids[::-1]
+    return Workload("warm-up", [Prompt(-1 - i, tokens[i:] + tokens[:i]) for i in range(n)], concurrency=1)
+
+
 class TransferStats:
     """The workers' per-transfer records, read as they are appended: each file from where the
     last read stopped, only when a record asked for is not in yet."""
@@ -301,13 +310,21 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             rows.append(row)
             req_out.write(row)
 
-        t0 = time.monotonic()
         s = cfg.strategy
-        pipeline([(engines["prefill"],
+        disagg = [(engines["prefill"],
                    lambda p, r: sampling_params(cfg, 1, handoff_params(s, "prefill", tid(p), None))),
                   (engines["decode"], lambda p, r: sampling_params(
-                      cfg, cfg.sampling.max_tokens, handoff_params(s, "decode", tid(p), r[0])))],
-                 workload, cfg.run.request_timeout_s, on_disagg)
+                      cfg, cfg.sampling.max_tokens, handoff_params(s, "decode", tid(p), r[0])))]
+        if cfg.run.warmup_requests:
+            # The engines warmed up on their own, but not through the connector: its first
+            # transfers pay one-off costs (first copies, CUDA IPC mapping, digest weights)
+            t0 = time.monotonic()
+            pipeline(disagg, warmup_workload(workload, cfg.run.warmup_requests), cfg.run.request_timeout_s,
+                     lambda p, t0, results: None, phase="warm-up")
+            timings["warmup_s"] = time.monotonic() - t0
+
+        t0 = time.monotonic()
+        pipeline(disagg, workload, cfg.run.request_timeout_s, on_disagg)
         timings["disagg_s"] = time.monotonic() - t0
     except EngineDied as e:
         status, code, error = "engine_failed", 3, str(e)
@@ -328,7 +345,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     timings["total_s"] = time.monotonic() - t_run
     summary = run_summary(rows, status=status, error=error, run_id=run_id, strategy=cfg.strategy.name,
                           model=cfg.model.name, workload=cfg.workload.name, device=device, copy_ceiling_gbps=ceiling,
-                          timings=timings, engine_pids={n: e.proc.pid for n, e in engines.items()})
+                          timings=timings, engine_pids={n: e.proc.pid for n, e in engines.items()},
+                          cudagraph_modes={n: e.cudagraph_mode for n, e in engines.items()})
     if status == "ok" and (summary.get("mismatches") or summary.get("digest_failures")):
         status, code = "mismatch", 1
         summary["status"] = status

@@ -221,6 +221,7 @@ def test_vllm_connectors_get_their_params_flat(tmp_path):
     (["engine.block_size=0"], "engine.block_size must be a positive integer"),
     (["engine.kv_cache_gib=0"], "engine.kv_cache_gib must be > 0"),
     (["transport.staging_mb=0"], "transport.staging_mb must be a positive integer"),
+    (["run.warmup_requests=-1"], "run.warmup_requests must be an integer >= 0"),
 ])
 def test_values_the_harness_refuses(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

@@ -99,6 +99,16 @@ def test_records_carry_latency_bytes_and_messages(strategy_run):
             assert r["bytes"] == 0
 
 
+def test_a_warm_up_request_went_through_the_connector_first_and_is_not_measured(strategy_run):
+    sends = strategy_run.jsonl("prefill-transfers.jsonl")
+    warmups = [r for r in sends if r["transfer_id"].endswith("--1")]  # run.warmup_requests=1: index -1
+    assert len(warmups) == 1 and len(sends) == len(edge_prompts()) + 1
+    assert warmups[0]["blocks"] == max(r["blocks"] for r in sends)  # as long as the longest prompt
+    assert len(strategy_run.jsonl("requests.jsonl")) == len(edge_prompts())
+    assert strategy_run.summary["timings"]["warmup_s"] > 0
+    assert set(strategy_run.summary["cudagraph_mode"]) == {"baseline", "prefill", "decode"}
+
+
 def test_prefix_cache_hits_on_decode_side(strategy_run):
     rows = {r["prompt_idx"]: r for r in strategy_run.jsonl("requests.jsonl")}
     first, second = SHARED_PREFIX

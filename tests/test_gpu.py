@@ -13,9 +13,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.engine,
 CASES = {
     "fused": ["strategy=fused"],
     "per_request_blocks": ["strategy=per_request_blocks"],
-    "layerwise": ["strategy=layerwise"],  # per-layer hooks: eager (vLLM skips them in full CUDA-graph replay)
+    "layerwise": ["strategy=layerwise"],
     "full_cache": ["strategy=full_cache"],
     "fused-cuda_graphs": ["strategy=fused", "engine.enforce_eager=false"],
+    "layerwise-cuda_graphs": ["strategy=layerwise", "engine.enforce_eager=false"],  # piecewise graphs, its hooks run
     "fused-two_gpus": ["strategy=fused", "device.decode_gpu=1"],
 }
 

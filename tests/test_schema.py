@@ -41,7 +41,8 @@ def test_readme_documents_every_field_of_every_row_and_no_other():
 def test_readme_documents_every_summary_key_and_no_other():
     rows = [_request_row(match=True), _request_row(match=False)]
     summary = run_summary(rows, status="mismatch", error=None, run_id="r", strategy="fused", model="m",
-                          workload="w", device="cpu", copy_ceiling_gbps=5.0, timings={}, engine_pids={})
+                          workload="w", device="cpu", copy_ceiling_gbps=5.0, timings={}, engine_pids={},
+                          cudagraph_modes={})
     assert summary["schema_version"] == SCHEMA_VERSION and summary["mismatches"] == 1
     assert expand(documented("summary.json")) == set(summary) | {"recomputed"}
 

@@ -3,9 +3,7 @@ layer (vLLM's `save_kv_layer` hook), so the transfer overlaps the rest of the pr
 decode forward pass waits for each layer just before it needs it (`wait_for_layer_load`).
 
 Sends are posted without waiting and completed in `wait_for_save`, after the last layer.
-One message per layer, like `per_request_blocks`, but started L-1 layers earlier. vLLM does
-not call per-layer hooks inside a full CUDA-graph replay: on a GPU run it with
-engine.enforce_eager=true or a piecewise cudagraph_mode.
+One message per layer, like `per_request_blocks`, but started L-1 layers earlier.
 """
 
 import torch
@@ -14,6 +12,13 @@ from transfer_strategies.base import TransferConnector, TransferRequest
 
 
 class LayerwiseConnector(TransferConnector):
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config) -> bool:
+        # A full CUDA-graph replay skips the per-layer hooks: the decode forward pass would read
+        # KV that has not arrived (outputs wrong, digests right). vLLM then captures graphs
+        # piece by piece, between layers, where the hooks run.
+        return True
+
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
         super().register_kv_caches(kv_caches)
         self.layer_index = {name: i for i, name in enumerate(kv_caches)}
