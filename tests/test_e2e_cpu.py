@@ -156,9 +156,10 @@ def test_vllm_nixl_connector_on_the_edge_prompts(results_dir, tmp_path_factory):
     # The KV came through NIXL, not from the decode engine recomputing the prompt (a failed
     # load fails the request: vLLM's kv_load_failure_policy defaults to "fail").
     log = (run.run_dir / "decode.log").read_text()
-    assert len(re.findall(r"num_external_tokens=[1-9]", log)) == n, "each request should load its prompt's KV"
+    loads = n + 1  # and the warm-up request's (run.warmup_requests=1)
+    assert len(re.findall(r"num_external_tokens=[1-9]", log)) == loads, "each request should load its prompt's KV"
     done = re.findall(r"(\d+) requests done recving \((\d+) failed\)", log)
-    assert sum(int(k) for k, _ in done) == n and all(failed == "0" for _, failed in done)
+    assert sum(int(k) for k, _ in done) == loads and all(failed == "0" for _, failed in done)
 
 
 @pytest.fixture(scope="module", params=["fused", "layerwise"])  # after one receive, and after layer-by-layer loads
@@ -183,8 +184,8 @@ def test_negative_control_corruption_is_caught(corrupted_run):
 @pytest.fixture(scope="module")
 def crashed_run(results_dir):
     return run_harness(results_dir / "e2e-crash", "strategy=custom", "strategy.name=crash",
-                       "strategy.module=tests.crashing_strategy", "strategy.connector=CrashOnSecondReceive",
-                       "workload=smoke", "sampling.max_tokens=4", "run.request_timeout_s=60")
+                       "strategy.module=tests.crashing_strategy", "strategy.connector=CrashOnThirdReceive",
+                       "workload=smoke", "sampling.max_tokens=4", "run.request_timeout_s=60", "run.warmup_requests=1")
 
 
 def test_engine_death_stops_the_run_and_keeps_records(crashed_run):
