@@ -146,8 +146,10 @@ class KVBlocks:
 
         def per_layer() -> None:
             for j, layer in enumerate(layers):
-                picked = torch.index_select(self.layers[layer], self.block_dim, idx)
-                out[j].copy_(picked)
+                if out.device == self.device:  # straight into the buffer, no temporary
+                    torch.index_select(self.layers[layer], self.block_dim, idx, out=out[j])
+                else:
+                    out[j].copy_(torch.index_select(self.layers[layer], self.block_dim, idx))
         return per_layer
 
     def gather(self, block_ids: Sequence[int], out: torch.Tensor, layers: Sequence[int]) -> torch.Tensor:
