@@ -21,6 +21,18 @@ class ConfigError(ValueError):
 
 
 # ---------------------------------------------------------------------- checks before start
+def submits_early(strategy: DictConfig) -> bool:
+    """Whether the decode request can go with the prefill request: this project's (push)
+    connectors park it in vLLM until its KV arrives; vLLM's pull connector (NIXL) needs the
+    prefill engine's answer, and its example connector looks for the KV once, at admission."""
+    return bool(strategy.module) and strategy.get("handoff", "push") == "push"
+
+
+def decode_submit(cfg: DictConfig) -> str:
+    """run.decode_submit as it applies to this strategy: "early" or "after_prefill"."""
+    return cfg.run.get("decode_submit") or ("early" if submits_early(cfg.strategy) else "after_prefill")
+
+
 def resolve_device(cfg: DictConfig) -> str:
     import torch
 
@@ -65,6 +77,13 @@ def check_settings(cfg: DictConfig) -> None:
     if staging_mb is not None and (not isinstance(staging_mb, int) or staging_mb < 1):
         raise ConfigError(f"transport.staging_mb must be a positive integer (MiB) or null, got {staging_mb!r}")
     s = cfg.strategy
+    submit = cfg.run.get("decode_submit")
+    if submit not in (None, "early", "after_prefill"):
+        raise ConfigError(f"run.decode_submit must be early, after_prefill or null (the strategy's way), "
+                          f"got {submit!r}")
+    if submit == "early" and not submits_early(s):
+        raise ConfigError(f"run.decode_submit=early: strategy {s.name!r} ({s.connector}) needs the prefill engine's "
+                          f"answer before the decode request can go (use run.decode_submit=after_prefill)")
     if not s.module and cfg.check.corrupt:
         raise ConfigError(f"check.corrupt=true damages the KV this project's connectors move; strategy {s.name!r} "
                           f"is vLLM's own {s.connector}, which the harness does not reach into")

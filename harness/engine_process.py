@@ -38,6 +38,16 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def _kv_blocks_in_use(engine) -> int | None:
+    """KV blocks some request holds (cached blocks no request holds are free): 0 when the engine
+    is idle and nothing leaked. None where vLLM's internals differ (they are not an API)."""
+    try:
+        pool = engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
+        return pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()  # the null block is never free
+    except AttributeError:
+        return None
+
+
 def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None:
     os.setsid()
     _die_with_parent()
@@ -71,6 +81,9 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
                     # vLLM's own teardown can take many seconds; the parent kills the group anyway
                     sys.stdout.flush()
                     os._exit(0)
+                if cmd == "usage":
+                    conn.send(("usage", {"kv_blocks_in_use": _kv_blocks_in_use(engine)}))
+                    continue
                 req_id, token_ids, sampling = args
                 engine.add_request(req_id, {"prompt_token_ids": token_ids}, SamplingParams(**sampling))
                 busy = True
@@ -87,7 +100,7 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
                         logprobs = [lp[t].logprob for lp, t in zip(comp.logprobs, comp.token_ids)]
                     conn.send(("done", {"req_id": out.request_id, "token_ids": list(comp.token_ids),
                                         "logprobs": logprobs, "first_token_t": first_token.pop(out.request_id, now),
-                                        "finished_t": now,
+                                        "finished_t": now, "finish_reason": comp.finish_reason,
                                         "kv_transfer_params": getattr(out, "kv_transfer_params", None)}))
     except BaseException:
         traceback.print_exc()
@@ -124,6 +137,19 @@ class EngineProcess:
             self.conn.send(("submit", req_id, token_ids, sampling))
         except (BrokenPipeError, OSError):
             raise EngineDied(self.failure_message()) from None
+
+    def usage(self, timeout_s: float = 30.0) -> dict:
+        """What the engine holds now (between requests): {"kv_blocks_in_use": n}."""
+        try:
+            self.conn.send(("usage",))
+        except (BrokenPipeError, OSError):
+            raise EngineDied(self.failure_message()) from None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for _, kind, info in next_events([self], 1.0):
+                if kind == "usage":
+                    return info
+        raise EngineDied(f"the {self.name} engine did not answer within {timeout_s:.0f} s")
 
     def failure_message(self) -> str:
         code = self.proc.exitcode

@@ -18,7 +18,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from harness.schema import SCHEMA_VERSION, SUMMARY_METRICS, UNVERSIONED
+from harness.schema import OVERHEAD_PARTS, SCHEMA_VERSION, SUMMARY_METRICS, UNVERSIONED
 from harness.stats import Column, format_value, p50_with_interval, percentile
 from harness.stats import format_table as stats_table
 
@@ -93,10 +93,20 @@ def summarize(rows: list[dict]) -> dict:
     checked = [r for r in rows if r.get("digest_match") is not None]
     out["digest_checked"] = len(checked)
     out["digest_failures"] = sum(not r["digest_match"] for r in checked)
+    out["transfer_errors"] = sum(bool(r.get("error")) for r in rows)
+    if out["digest_checked"] and out["mismatches"] and not out["digest_failures"]:
+        out["diagnosis"] = ("outputs differ although every KV block arrived intact (digests match): the decode "
+                            "engine used the KV wrongly or before it had arrived")
     for f in SUMMARY_METRICS:
         vals = [r.get(f) for r in rows]
         out.update(p50_with_interval(vals, f"{f}_p50"))
         out[f"{f}_p90"] = percentile(vals, 90)
+    # the means of the TTFT overhead's parts add up to the mean overhead (medians would not)
+    timed = [r for r in rows if all(r.get(k) is not None for k in OVERHEAD_PARTS)]
+    if timed:
+        out["overhead_mean_ms"] = sum(r["ttft_overhead_ms"] for r in timed) / len(timed)
+        out["overhead_parts_mean_ms"] = {k.removeprefix("overhead_").removesuffix("_ms"):
+                                         sum(r[k] for r in timed) / len(timed) for k in OVERHEAD_PARTS}
     tot_bytes = sum(r.get("bytes") or 0 for r in rows)
     tot_ms = sum(r.get("transfer_ms") or 0 for r in rows)
     out["total_bytes"] = tot_bytes
@@ -106,12 +116,13 @@ def summarize(rows: list[dict]) -> dict:
 
 def run_summary(rows: list[dict], *, status: str, error: str | None, run_id: str, strategy: str, model: str,
                 workload: str, device: str, copy_ceiling_gbps: float | None, timings: dict,
-                engine_pids: dict, cudagraph_modes: dict | None = None) -> dict:
+                engine_pids: dict, cudagraph_modes: dict | None = None, **run_facts) -> dict:
     """summary.json: the statistics of the rows and what the run says about itself
-    (cudagraph_modes: None for results recorded before it was)."""
+    (cudagraph_modes: None for results recorded before it was; run_facts: decode_submit,
+    kv_blocks_in_use)."""
     out = {**summarize(rows), "status": status, "error": error, "run_id": run_id, "strategy": strategy,
            "model": model, "workload": workload, "device": device, "copy_ceiling_gbps": copy_ceiling_gbps,
-           "timings": timings, "engine_pids": engine_pids}
+           "timings": timings, "engine_pids": engine_pids, **run_facts}
     if cudagraph_modes is not None:
         out["cudagraph_mode"] = cudagraph_modes
     return out
@@ -120,8 +131,10 @@ def run_summary(rows: list[dict], *, status: str, error: str | None, run_id: str
 REQUEST_COLUMNS = [
     Column("#", "prompt_idx"), Column("prompt", "prompt_len"), Column("out", "output_len"), Column("match"),
     Column("diverge@", "first_divergence"), Column("max|dlp|", "max_logprob_diff", ".1e"),
-    Column("digest", "digest_match"), Column("base ttft", "base_ttft_ms", ".1f"), Column("ttft", "ttft_ms", ".1f"),
+    Column("digest", "digest_match"), Column("base ttft", "base_ttft_ms", ".1f"),
+    Column("pre ttft", "prefill_ttft_ms", ".1f"), Column("ttft", "ttft_ms", ".1f"),
     Column("base e2e", "base_e2e_ms", ".1f"), Column("e2e", "e2e_ms", ".1f"), Column("xfer ms", "transfer_ms", ".2f"),
+    Column("kv ms", "kv_ms", ".2f"),
     Column("bytes", "bytes"), Column("msgs", "messages"), Column("GB/s", "gbps", ".2f")]
 
 
@@ -136,4 +149,17 @@ def format_table(rows: list[dict], summary: dict) -> str:
         f"  ttft p50 {f(s.get('ttft_ms_p50'), '.1f')} ms (baseline {f(s.get('base_ttft_ms_p50'), '.1f')})"
         f"  e2e p50 {f(s.get('e2e_ms_p50'), '.1f')} ms (baseline {f(s.get('base_e2e_ms_p50'), '.1f')})"
         f"  transfer p50 {f(s.get('transfer_ms_p50'), '.2f')} ms p90 {f(s.get('transfer_ms_p90'), '.2f')} ms"
-        f"  {f(s.get('transfer_gbps'), '.2f')} GB/s"])
+        f"  {f(s.get('transfer_gbps'), '.2f')} GB/s", *overhead_lines(s)])
+
+
+def overhead_lines(s: dict) -> list[str]:
+    """The mean TTFT overhead and its parts (README: what each time means)."""
+    lines = []
+    if s.get("overhead_parts_mean_ms"):
+        parts = "  ".join(f"{k} {v:+.2f}" for k, v in s["overhead_parts_mean_ms"].items())
+        lines.append(f"ttft overhead mean {s['overhead_mean_ms']:+.2f} ms = {parts} ms"
+                     f"  (decode_submit={s.get('decode_submit')}; prefill's own token p50 "
+                     f"{format_value(s.get('prefill_ttft_ms_p50'), '.1f')} ms)")
+    if s.get("diagnosis"):
+        lines.append(s["diagnosis"])
+    return lines

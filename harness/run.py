@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from harness.ceiling import copy_ceiling_gbps
-from harness.checks import ConfigError, checked_inputs
+from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.compare import compare_outputs
 from harness.engine_process import EngineDied, EngineProcess, next_events, wait_ready
 from harness.records import PROJECT_ROOT, JsonlWriter, format_table, run_summary, versions, write_json
@@ -26,6 +26,7 @@ from harness.schema import BaselineRow, RequestRow
 from harness.tracking import make_tracker
 from harness.workload import Prompt, Workload, WorkloadError
 from transfer_strategies.records import TransferRecord, TransferRecordReader
+from transfer_strategies.scheduler import ASYNC_LOAD
 from transfer_strategies.transport import remove_leftovers
 
 
@@ -94,29 +95,34 @@ def free_port() -> int:
 
 
 # ---------------------------------------------------------------------- driving requests
-def pipeline(stages: list[tuple[EngineProcess, Callable[[Prompt, list[dict]], dict]]], workload: Workload,
+def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]], dict]]]], workload: Workload,
              timeout_s: float, on_finish: Callable[[Prompt, float, list[dict]], None], phase: str = "") -> None:
-    """Run every prompt through the stages in order (a stage starts when the previous one has
-    finished; its sampling parameters may use the earlier stages' results), with up to
-    `workload.concurrency` prompts in flight."""
+    """Run every prompt through the stages in order, with up to `workload.concurrency` prompts in
+    flight. A stage is one or more (engine, sampling) requests submitted together; the next stage
+    starts when all of them have finished, and its sampling parameters may use the earlier
+    results. on_finish gets the results in the order of the requests (each with `submitted_t`)."""
     waiting = list(workload.prompts)
-    active: dict[str, tuple[Prompt, int, float, list[dict]]] = {}
-    engines = list({id(e): e for e, _ in stages}.values())
+    active: dict[str, tuple[Prompt, int, int, float, dict]] = {}  # rid -> prompt, stage, slot, t0, state
+    engines = list({id(e): e for stage in stages for e, _ in stage}.values())
+    slots = [sum(len(s) for s in stages[:i]) for i in range(len(stages))]  # first result index of each stage
 
-    def submit(p: Prompt, stage: int, t0: float, results: list[dict]) -> None:
-        engine, sampling = stages[stage]
-        rid = f"{engine.name}-{p.index}"
-        active[rid] = (p, stage, t0, results)
-        engine.submit(rid, p.token_ids, sampling(p, results))
+    def submit(p: Prompt, stage: int, t0: float, state: dict) -> None:
+        state["pending"] = len(stages[stage])
+        for j, (engine, sampling) in enumerate(stages[stage]):
+            rid = f"{engine.name}-{p.index}"
+            active[rid] = (p, stage, slots[stage] + j, t0, state)
+            state["submitted"][slots[stage] + j] = time.monotonic()
+            engine.submit(rid, p.token_ids, sampling(p, state["results"]))
 
     # live on one line in a terminal; in logs and CI a line every 10 s
-    progress = tqdm(total=len(workload.prompts), desc=phase or "+".join(e.name for e, _ in stages), unit="req",
+    progress = tqdm(total=len(workload.prompts), desc=phase or "+".join(e.name for e in engines), unit="req",
                     file=sys.stdout, mininterval=0.5 if sys.stdout.isatty() else 10, dynamic_ncols=True)
     last_progress = time.monotonic()
+    n = slots[-1] + len(stages[-1])
     with progress:
         while waiting or active:
-            while waiting and len(active) < workload.concurrency:
-                submit(waiting.pop(0), 0, time.monotonic(), [])
+            while waiting and len({id(a[4]) for a in active.values()}) < workload.concurrency:
+                submit(waiting.pop(0), 0, time.monotonic(), {"results": [None] * n, "submitted": [None] * n})
             events = next_events(engines, 1.0)
             if not events and time.monotonic() - last_progress > timeout_s:
                 raise EngineDied(f"no request finished for {timeout_s:.0f} s (run.request_timeout_s); "
@@ -125,12 +131,15 @@ def pipeline(stages: list[tuple[EngineProcess, Callable[[Prompt, list[dict]], di
                 if kind != "done":
                     continue
                 last_progress = time.monotonic()
-                p, stage, t0, results = active.pop(info["req_id"])
-                results.append(info)
+                p, stage, slot, t0, state = active.pop(info["req_id"])
+                state["results"][slot] = dict(info, submitted_t=state["submitted"][slot])
+                state["pending"] -= 1
+                if state["pending"]:
+                    continue
                 if stage + 1 < len(stages):
-                    submit(p, stage + 1, t0, results)
+                    submit(p, stage + 1, t0, state)
                 else:
-                    on_finish(p, t0, results)
+                    on_finish(p, t0, state["results"])
                     progress.update()
 
 
@@ -171,13 +180,17 @@ def pulls(strategy: DictConfig) -> bool:
     return strategy.get("handoff", "push") == "pull"
 
 
-def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_result: dict | None) -> dict:
+def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_result: dict | None,
+                   early: bool = False) -> dict:
     """kv_transfer_params of a request to the prefill or decode engine.
     push (this project's strategies): both requests carry one transfer id; the prefill worker
-      sends, the decode worker takes the message with that id.
+      sends, the decode worker takes the message with that id. A decode request submitted early
+      (with the prefill request) asks to be parked until its KV is in ("load": "async").
     pull (vLLM's NixlConnector): the prefill request asks the engine to keep the KV for a remote
       decode; the engine answers where it is, and the decode request carries that answer."""
     if not pulls(strategy):
+        if stage == "decode" and early:
+            return {"transfer_id": transfer_id, "load": ASYNC_LOAD}
         return {"transfer_id": transfer_id}
     if stage == "prefill":
         return {"do_remote_decode": True}
@@ -188,10 +201,51 @@ def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_r
     return params
 
 
+TIMELINE = ("prefill_admitted", "forward_done", "sent", "decode_submitted", "decode_admitted", "kv_arrived",
+            "load_start", "kv_ready", "decode_scheduled", "prefill_token", "first_token")
+TTFT_PARTS = ("prefill", "send", "delivery", "pickup", "scatter", "decode")
+
+
+def timeline(t0: float, pre: dict, dec: dict, send: TransferRecord | None, recv: TransferRecord | None) -> dict:
+    """One request's events on one clock (time.monotonic() in every process), in ms since the
+    prefill request was submitted: t_<event>_ms for each of TIMELINE (None where unseen)."""
+    stamps = {"prefill_token": pre["first_token_t"], "first_token": dec["first_token_t"],
+              "decode_submitted": dec["submitted_t"]}
+    if send is not None:
+        stamps.update(prefill_admitted=send.t_admitted, forward_done=send.t_forward_done, sent=send.t_sent)
+    if recv is not None:
+        stamps.update(decode_admitted=recv.t_admitted, kv_arrived=recv.t_arrived, load_start=recv.t_load_start,
+                      kv_ready=recv.t_kv_ready, decode_scheduled=recv.t_decode_scheduled)
+    return {f"t_{e}_ms": None if stamps.get(e) is None else (stamps[e] - t0) * 1e3 for e in TIMELINE}
+
+
+def ttft_overhead_parts(t: dict, base_ttft_ms: float) -> dict:
+    """The TTFT overhead against the colocated baseline, cut along the KV's critical path:
+      prefill   prefill submitted -> its forward pass done, less the baseline's TTFT
+      send      -> every doorbell rung (gather and post)
+      delivery  -> the last doorbell at the decode worker
+      pickup    -> the decode worker takes the KV (hand-off: the prefill's answer, the harness and
+                   a decode step; early submission: the worker noticing it)
+      scatter   -> the KV in the decode engine's own blocks
+      decode    -> the decode engine's first token (scheduling, its forward pass, output)
+    Each point is the latest of itself and the points before it (a worker can take the KV
+    before the doorbell's sender has returned; a hand-off load starts before the KV is in), so
+    no part is negative and they add up to the overhead exactly. None without a timeline."""
+    points = ["forward_done", "sent", "kv_arrived", "load_start", "kv_ready", "first_token"]
+    if any(t[f"t_{p}_ms"] is None for p in points):
+        return {f"overhead_{part}_ms": None for part in TTFT_PARTS}
+    at, out = [0.0], {}
+    for p in points:
+        at.append(max(at[-1], t[f"t_{p}_ms"]))
+    for i, part in enumerate(TTFT_PARTS):
+        out[f"overhead_{part}_ms"] = at[i + 1] - at[i] - (base_ttft_ms if part == "prefill" else 0.0)
+    return out
+
+
 def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: list[dict], base: dict,
                stats: TransferStats, transfer_id: str) -> dict:
-    """requests.jsonl's row for one prompt: the two engines' results, the baseline's row and
-    both sides' transfer records."""
+    """requests.jsonl's row for one prompt: the two engines' results, the baseline's row, both
+    sides' transfer records and the request's timeline."""
     pre, dec = results
     send, recv = stats.take(transfer_id, "send"), stats.take(transfer_id, "receive")
 
@@ -203,6 +257,7 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
 
     cmp = compare_outputs(base["token_ids"], dec["token_ids"], base["logprobs"], dec["logprobs"])
     ttft = (dec["first_token_t"] - t0) * 1e3
+    prefill_ttft = (pre["first_token_t"] - t0) * 1e3
     digest_match = None
     if sent("digests") is not None and received("digests") is not None:
         digest_match = send.digests == recv.digests
@@ -211,19 +266,28 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
     # GPU at either end (host minus GPU clock was -0.10 to -0.02 ms on an H200).
     transfer_ms = sent("gpu_ms") if sent("gpu_ms") is not None else received("transfer_ms")
     n_bytes = sent("bytes")
+    t = timeline(t0, pre, dec, send, recv)
+    kv_ms = None
+    if t["t_kv_ready_ms"] is not None and t["t_forward_done_ms"] is not None:
+        kv_ms = t["t_kv_ready_ms"] - t["t_forward_done_ms"]
+    error = received("error")
+    if dec.get("finish_reason") == "error":
+        error = error or "the decode engine failed the request"
     return RequestRow(
         run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name, workload=cfg.workload.name, device=device,
         prompt_idx=p.index, prompt_len=len(p.token_ids), output_len=len(dec["token_ids"]),
         match=cmp.match, first_divergence=cmp.first_divergence, max_logprob_diff=cmp.max_logprob_diff,
         prefill_token_match=pre["token_ids"][:1] == base["token_ids"][:1], digest_match=digest_match,
-        base_ttft_ms=base["ttft_ms"], base_e2e_ms=base["e2e_ms"],
-        prefill_ms=(pre["finished_t"] - t0) * 1e3, ttft_ms=ttft, e2e_ms=(dec["finished_t"] - t0) * 1e3,
+        error=error, base_ttft_ms=base["ttft_ms"], base_e2e_ms=base["e2e_ms"],
+        prefill_ms=(pre["finished_t"] - t0) * 1e3, prefill_ttft_ms=prefill_ttft,
+        prefill_ttft_overhead_ms=prefill_ttft - base["ttft_ms"], ttft_ms=ttft, e2e_ms=(dec["finished_t"] - t0) * 1e3,
         ttft_overhead_ms=ttft - base["ttft_ms"],
         bytes=n_bytes, messages=sent("messages"), blocks=sent("blocks"), kv_cache_bytes=sent("kv_cache_bytes"),
         skip_blocks=received("skip_blocks"), send_ms=sent("send_ms"), gpu_ms=sent("gpu_ms"),
-        transfer_ms=transfer_ms, transfer_host_ms=received("transfer_ms"),
+        transfer_ms=transfer_ms, transfer_host_ms=received("transfer_ms"), kv_ms=kv_ms,
         load_ms=received("load_ms"), ready_ms=received("ready_ms"), notify_ms=received("notify_ms"),
         gbps=n_bytes / transfer_ms / 1e6 if n_bytes and transfer_ms else None,
+        **t, **ttft_overhead_parts(t, base["ttft_ms"]),
         token_ids=dec["token_ids"], base_token_ids=base["token_ids"],
     ).to_dict()
 
@@ -242,7 +306,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         write_json(run_dir / "summary.json", {"status": "bad_input", "error": str(e), "run_id": run_id})
         return 2
 
-    meta = {"run_id": run_id, "versions": versions(device), "strategy": cfg.strategy.name,
+    submit_mode = decode_submit(cfg)
+    meta = {"run_id": run_id, "versions": versions(device), "strategy": cfg.strategy.name, "decode_submit": submit_mode,
             "model": cfg.model.name, "workload": cfg.workload.name, "num_prompts": len(workload.prompts),
             "config": OmegaConf.to_container(cfg, resolve=True)}
     write_json(run_dir / "meta.json", meta)
@@ -260,6 +325,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                    cfg.device.decode_gpu),
     }
     engines: dict[str, EngineProcess] = {}
+    kv_in_use: dict[str, int | None] = {}
     base_rows: dict[int, dict] = {}
     rows: list[dict] = []
     status, code, error = "ok", 0, None
@@ -293,7 +359,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             base_out.write(row)
 
         t0 = time.monotonic()
-        pipeline([(engines["baseline"], lambda p, r: sampling_params(cfg, cfg.sampling.max_tokens))], workload,
+        pipeline([[(engines["baseline"], lambda p, r: sampling_params(cfg, cfg.sampling.max_tokens))]], workload,
                  cfg.run.request_timeout_s, on_base)
         timings["baseline_s"] = time.monotonic() - t0
         if not cfg.run.overlap_startup:
@@ -310,11 +376,11 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             rows.append(row)
             req_out.write(row)
 
-        s = cfg.strategy
-        disagg = [(engines["prefill"],
-                   lambda p, r: sampling_params(cfg, 1, handoff_params(s, "prefill", tid(p), None))),
-                  (engines["decode"], lambda p, r: sampling_params(
-                      cfg, cfg.sampling.max_tokens, handoff_params(s, "decode", tid(p), r[0])))]
+        s, early = cfg.strategy, submit_mode == "early"
+        prefill = (engines["prefill"], lambda p, r: sampling_params(cfg, 1, handoff_params(s, "prefill", tid(p), None)))
+        decode = (engines["decode"], lambda p, r: sampling_params(
+            cfg, cfg.sampling.max_tokens, handoff_params(s, "decode", tid(p), r[0], early)))
+        disagg = [[prefill, decode]] if early else [[prefill], [decode]]
         if cfg.run.warmup_requests:
             # The engines warmed up on their own, but not through the connector: its first
             # transfers pay one-off costs (first copies, CUDA IPC mapping, digest weights)
@@ -326,6 +392,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         t0 = time.monotonic()
         pipeline(disagg, workload, cfg.run.request_timeout_s, on_disagg)
         timings["disagg_s"] = time.monotonic() - t0
+        # every request has finished: a block still held is a leak (a parked request never released)
+        kv_in_use = {n: engines[n].usage()["kv_blocks_in_use"] for n in ("prefill", "decode")}
     except EngineDied as e:
         status, code, error = "engine_failed", 3, str(e)
         print(f"\nerror: {e}\nRecords written so far are in {run_dir}", file=sys.stderr)
@@ -346,10 +414,20 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     summary = run_summary(rows, status=status, error=error, run_id=run_id, strategy=cfg.strategy.name,
                           model=cfg.model.name, workload=cfg.workload.name, device=device, copy_ceiling_gbps=ceiling,
                           timings=timings, engine_pids={n: e.proc.pid for n, e in engines.items()},
-                          cudagraph_modes={n: e.cudagraph_mode for n, e in engines.items()})
-    if status == "ok" and (summary.get("mismatches") or summary.get("digest_failures")):
-        status, code = "mismatch", 1
-        summary["status"] = status
+                          cudagraph_modes={n: e.cudagraph_mode for n, e in engines.items()},
+                          decode_submit=submit_mode, kv_blocks_in_use=kv_in_use)
+    if status == "ok":
+        leaked = {n: k for n, k in kv_in_use.items() if k}
+        if summary.get("transfer_errors"):
+            first = next(r["error"] for r in rows if r.get("error"))
+            status, code, error = "transfer_failed", 1, f"{summary['transfer_errors']} transfer(s) failed: {first}"
+        elif summary.get("mismatches") or summary.get("digest_failures"):
+            status, code = "mismatch", 1
+        elif leaked:
+            status, code, error = "kv_leak", 1, f"KV blocks still held after every request finished: {leaked}"
+        summary.update(status=status, error=error)
+        if error:
+            print(f"error: {error}", file=sys.stderr)
     write_json(run_dir / "summary.json", summary)
     if rows:
         print(format_table(rows, summary))

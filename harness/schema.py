@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from transfer_strategies.records import SCHEMA_VERSION, UNVERSIONED, TransferRecord
 
 __all__ = ["SCHEMA_VERSION", "UNVERSIONED", "BaselineRow", "RequestRow", "TransferRecord", "SUMMARY_METRICS",
-           "field_names"]
+           "OVERHEAD_PARTS", "field_names"]
 
 
 @dataclass
@@ -51,10 +51,13 @@ class RequestRow:
     max_logprob_diff: float | None
     prefill_token_match: bool
     digest_match: bool | None  # None: no digests (vLLM's own connectors, verify off)
+    error: str | None  # why the KV was not loaded, or the decode engine failed the request
     base_ttft_ms: float
     base_e2e_ms: float
     prefill_ms: float
-    ttft_ms: float
+    prefill_ttft_ms: float  # the prefill engine's token: the first token a streaming router could deliver
+    prefill_ttft_overhead_ms: float
+    ttft_ms: float  # the decode engine's first token
     e2e_ms: float
     ttft_overhead_ms: float
     # from the transfer records; None where the strategy writes none
@@ -67,10 +70,30 @@ class RequestRow:
     gpu_ms: float | None
     transfer_ms: float | None
     transfer_host_ms: float | None
+    kv_ms: float | None  # forward pass done -> KV in the decode engine's blocks (t_kv_ready - t_forward_done)
     load_ms: float | None
     ready_ms: float | None
     notify_ms: float | None
     gbps: float | None
+    # the timeline: ms since the prefill request was submitted (harness/run.py TIMELINE)
+    t_prefill_admitted_ms: float | None
+    t_forward_done_ms: float | None
+    t_sent_ms: float | None
+    t_decode_submitted_ms: float | None
+    t_decode_admitted_ms: float | None
+    t_kv_arrived_ms: float | None
+    t_load_start_ms: float | None
+    t_kv_ready_ms: float | None
+    t_decode_scheduled_ms: float | None
+    t_prefill_token_ms: float | None
+    t_first_token_ms: float | None
+    # ttft_overhead_ms cut into parts that add up to it (harness/run.py ttft_overhead_parts)
+    overhead_prefill_ms: float | None
+    overhead_send_ms: float | None
+    overhead_delivery_ms: float | None
+    overhead_pickup_ms: float | None
+    overhead_scatter_ms: float | None
+    overhead_decode_ms: float | None
     token_ids: list[int]
     base_token_ids: list[int]
     schema_version: int = SCHEMA_VERSION
@@ -80,8 +103,12 @@ class RequestRow:
 
 
 # Request fields that summary.json reports as <field>_p50, <field>_p90 and the p50's interval
-SUMMARY_METRICS = ["base_ttft_ms", "base_e2e_ms", "ttft_ms", "e2e_ms", "ttft_overhead_ms", "transfer_ms", "gpu_ms",
-                   "notify_ms", "send_ms", "load_ms", "bytes", "messages", "gbps"]
+SUMMARY_METRICS = ["base_ttft_ms", "base_e2e_ms", "ttft_ms", "prefill_ttft_ms", "e2e_ms", "ttft_overhead_ms",
+                   "prefill_ttft_overhead_ms", "transfer_ms", "kv_ms", "gpu_ms", "notify_ms", "send_ms", "load_ms",
+                   "bytes", "messages", "gbps"]
+# The parts of ttft_overhead_ms; summary.json gives their means (which add up to the mean overhead)
+OVERHEAD_PARTS = ["overhead_prefill_ms", "overhead_send_ms", "overhead_delivery_ms", "overhead_pickup_ms",
+                  "overhead_scatter_ms", "overhead_decode_ms"]
 
 
 def field_names(cls) -> list[str]:

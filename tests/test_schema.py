@@ -7,9 +7,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from harness.records import run_summary
-from harness.run import TransferStats, disagg_row
-from harness.schema import SCHEMA_VERSION, SUMMARY_METRICS, BaselineRow, RequestRow, field_names
+from harness.records import run_summary, summarize
+from harness.run import TIMELINE, TransferStats, disagg_row, ttft_overhead_parts
+from harness.schema import OVERHEAD_PARTS, SCHEMA_VERSION, SUMMARY_METRICS, BaselineRow, RequestRow, field_names
 from harness.workload import Prompt
 from transfer_strategies.records import TransferRecord, TransferRecordReader, TransferRecordWriter
 
@@ -42,15 +42,37 @@ def test_readme_documents_every_summary_key_and_no_other():
     rows = [_request_row(match=True), _request_row(match=False)]
     summary = run_summary(rows, status="mismatch", error=None, run_id="r", strategy="fused", model="m",
                           workload="w", device="cpu", copy_ceiling_gbps=5.0, timings={}, engine_pids={},
-                          cudagraph_modes={})
+                          cudagraph_modes={}, decode_submit="early", kv_blocks_in_use={"prefill": 0, "decode": 0})
     assert summary["schema_version"] == SCHEMA_VERSION and summary["mismatches"] == 1
-    assert expand(documented("summary.json")) == set(summary) | {"recomputed"}
+    assert expand(documented("summary.json")) == set(summary) | {"recomputed", "diagnosis"}
 
 
 def _request_row(**kw) -> dict:
     row = dict.fromkeys(field_names(RequestRow))
-    row.update(schema_version=SCHEMA_VERSION, ttft_ms=10.0, transfer_ms=1.0, bytes=1000, **kw)
+    row.update({"schema_version": SCHEMA_VERSION, "ttft_ms": 10.0, "transfer_ms": 1.0, "bytes": 1000,
+                "ttft_overhead_ms": 3.0, **dict.fromkeys(OVERHEAD_PARTS, 0.5), **kw})
     return row
+
+
+def test_the_overhead_parts_add_up_to_the_overhead_and_none_is_negative():
+    # hand-off order: the decode step starts its load before the KV is in, the doorbell is seen
+    # before the sender's flush returned
+    t = dict.fromkeys((f"t_{e}_ms" for e in TIMELINE), None)
+    t.update(t_forward_done_ms=8.0, t_sent_ms=8.4, t_kv_arrived_ms=8.3, t_load_start_ms=7.9, t_kv_ready_ms=9.0,
+             t_first_token_ms=14.0)
+    parts = ttft_overhead_parts(t, base_ttft_ms=9.0)
+    assert abs(sum(parts.values()) - (14.0 - 9.0)) < 1e-9
+    assert parts["overhead_prefill_ms"] == -1.0 and parts["overhead_delivery_ms"] == 0.0
+    assert parts["overhead_pickup_ms"] == 0.0 and abs(parts["overhead_scatter_ms"] - 0.6) < 1e-9
+    assert all(v >= 0 for k, v in parts.items() if k != "overhead_prefill_ms")
+    t["t_kv_ready_ms"] = None  # no record (vLLM's own connectors): no parts
+    assert set(ttft_overhead_parts(t, 9.0).values()) == {None}
+
+
+def test_the_summary_gives_the_parts_means_which_add_up_to_the_mean_overhead():
+    rows = [_request_row(ttft_overhead_ms=3.0), _request_row(ttft_overhead_ms=5.0, overhead_decode_ms=2.5)]
+    s = summarize(rows)
+    assert s["overhead_mean_ms"] == 4.0 and abs(sum(s["overhead_parts_mean_ms"].values()) - 4.0) < 1e-9
 
 
 def _record(side: str, tid: str = "t-0", **kw) -> TransferRecord:
@@ -91,9 +113,9 @@ def test_disagg_row_joins_both_sides_records(tmp_path):
     cfg = OmegaConf.create({"strategy": {"name": "fused"}, "model": {"name": "m"}, "workload": {"name": "w"}})
     base = BaselineRow(run_id="r", prompt_idx=0, prompt_len=64, ttft_ms=5.0, e2e_ms=9.0, token_ids=[1, 2, 3],
                        logprobs=[-0.1, -0.2, -0.3]).to_dict()
-    results = [{"token_ids": [1], "finished_t": 100.004},
+    results = [{"token_ids": [1], "first_token_t": 100.004, "finished_t": 100.004, "submitted_t": 100.0},
                {"token_ids": [1, 2, 4], "logprobs": [-0.1, -0.2, -0.5], "first_token_t": 100.010,
-                "finished_t": 100.020}]
+                "finished_t": 100.020, "submitted_t": 100.0}]
     row = disagg_row(cfg, "r", "cpu", Prompt(0, list(range(64))), 100.0, results, base, stats, "t-0")
     assert list(row) == field_names(RequestRow) and row["schema_version"] == SCHEMA_VERSION
     assert row["digest_match"] is False and row["match"] is False and row["first_divergence"] == 2
@@ -111,8 +133,8 @@ def test_on_a_gpu_transfer_ms_is_the_gpu_clock(tmp_path):
     TransferRecordWriter(receives).write(_record("receive", transfer_ms=0.3))
     cfg = OmegaConf.create({"strategy": {"name": "fused"}, "model": {"name": "m"}, "workload": {"name": "w"}})
     base = {"token_ids": [1], "logprobs": None, "ttft_ms": 1.0, "e2e_ms": 1.0}
-    results = [{"token_ids": [1], "finished_t": 1.0}, {"token_ids": [1], "logprobs": None, "first_token_t": 1.0,
-                                                       "finished_t": 1.0}]
+    results = [{"token_ids": [1], "first_token_t": 1.0, "finished_t": 1.0, "submitted_t": 0.0},
+               {"token_ids": [1], "logprobs": None, "first_token_t": 1.0, "finished_t": 1.0, "submitted_t": 0.0}]
     row = disagg_row(cfg, "r", "cuda", Prompt(0, [1]), 0.0, results, base, TransferStats(sends, receives), "t-0")
     assert (row["transfer_ms"], row["transfer_host_ms"], row["gpu_ms"]) == (0.2, 0.3, 0.2)
 

@@ -147,7 +147,7 @@ class TransferConnector(KVConnectorBase_V1):
         return self.scheduler.matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):
-        self.scheduler.allocated(request, blocks)
+        self.scheduler.allocated(request, blocks, num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
         return self.scheduler.step_metadata(scheduler_output)
@@ -159,6 +159,25 @@ class TransferConnector(KVConnectorBase_V1):
     # ------------------------------------------------------------ vLLM: worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
         self.worker.register(kv_caches, self._kv_cache_config.num_blocks, self.block_size)
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        if not self.is_producer and isinstance(connector_metadata, TransferMetadata):
+            self.worker.take_step(connector_metadata)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        """Decode side, early submission: load the parked requests whose KV has arrived (in a
+        step with nothing to compute, after waiting a little for one), and let vLLM schedule them."""
+        if self.is_producer or not self.has_connector_metadata():
+            return None, None
+        for req in self.worker.arrived(wait=self.this_step().idle):
+            self.begin_receive(req)
+            self.receive(req)
+            self.end_receive(req)
+        return None, self.worker.finished_receiving() or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return set() if self.worker is None or self.is_producer else self.worker.load_errors()
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         step = self.this_step()

@@ -34,6 +34,18 @@ class SendClock:
             self._t0 = time.monotonic()
         return self._t0
 
+    def forward_done(self) -> float:
+        """The host time the forward pass that computed the KV was done. A send that is not
+        streaming starts right after it; a streaming one calls this at its end (then on a GPU it
+        waits for the forward pass, with the layer copies launched inside it)."""
+        if not self.streaming:
+            return self.start()
+        if self.gpu_start is not None:
+            done = torch.cuda.Event()
+            done.record()
+            done.synchronize()
+        return time.monotonic()
+
     def host_ms(self) -> float:
         return (time.monotonic() - self.start()) * 1e3
 

@@ -3,7 +3,9 @@ layer (vLLM's `save_kv_layer` hook), so the transfer overlaps the rest of the pr
 decode forward pass waits for each layer just before it needs it (`wait_for_layer_load`).
 
 Sends are posted without waiting and completed in `wait_for_save`, after the last layer.
-One message per layer, like `per_request_blocks`, but started L-1 layers earlier.
+One message per layer, like `per_request_blocks`, but started L-1 layers earlier. A decode
+request submitted early (parked in vLLM until its KV is in) is loaded whole by `receive`, as
+every strategy's is: its forward pass only starts once the KV is there.
 """
 
 import torch
@@ -37,6 +39,10 @@ class LayerwiseConnector(TransferConnector):
             self.post(req, self.gather(req.block_ids, [layer]), layer, self.n_layers)
 
     # decode side
+    def receive(self, req: TransferRequest) -> None:
+        for layer, msg in enumerate(self.collect(req)):
+            self.scatter(req, msg.payload, [layer])
+
     def start_load_kv(self, forward_context, **kwargs) -> None:
         self._loading = {req.transfer_id: [req, 0] for req in self.this_step().loads}
         for req, _ in self._loading.values():

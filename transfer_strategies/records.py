@@ -17,7 +17,9 @@ from pathlib import Path
 #   1: unversioned rows; transfer_ms was the host's clock on every device at first, then on GPUs
 #      the GPU's clock (CUDA events) with the host's kept as transfer_host_ms
 #   2: schema_version on every row; transfer_ms is the GPU's clock where there is one
-SCHEMA_VERSION = 2
+#   3: the request's timeline (t_* stamps on one clock, time.monotonic(), in every process of a
+#      machine) and error; request rows gain the timeline, the TTFT decomposition and kv_ms
+SCHEMA_VERSION = 3
 UNVERSIONED = 1  # what a row without schema_version is
 
 
@@ -42,6 +44,15 @@ class TransferRecord:
     ready_ms: float | None = None
     digests: list[str] | None = None
     digest_ms: float | None = None
+    # the timeline, time.monotonic() seconds (None where this side does not see it)
+    t_admitted: float | None = None  # this engine's scheduler allocated the request's blocks
+    t_forward_done: float | None = None  # send: the forward pass that computed the KV was done
+    t_sent: float | None = None  # send: every message's doorbell rung
+    t_arrived: float | None = None  # receive: the last message's doorbell reached this worker
+    t_load_start: float | None = None  # receive: this worker began taking the KV
+    t_kv_ready: float | None = None  # receive: the KV in this engine's own blocks
+    t_decode_scheduled: float | None = None  # receive: vLLM scheduled the step computing the first token
+    error: str | None = None  # receive: why the KV was not loaded (the request failed or recomputed)
     schema_version: int = SCHEMA_VERSION
 
     @classmethod

@@ -10,13 +10,28 @@ How a request flows (the harness drives it):
   2. The decode engine gets the same prompt and transfer id. Its scheduler asks how many prompt
      tokens come from outside (`get_num_new_matched_tokens`): all but the last, which vLLM must
      compute itself to produce logits, less what its own prefix cache already holds. It
-     allocates blocks; their ids go to the worker in `loads`, which writes the received blocks
-     into them before the forward pass.
+     allocates blocks, and then either
+     - hand-off (the decode request comes after the prefill engine answered): their ids go to
+       the worker in `loads`, which writes the received blocks into them before this step's
+       forward pass; or
+     - early submission (kv_transfer_params {"load": "async"}: the decode request was submitted
+       with the prefill request, before its KV exists): vLLM parks the request
+       (WAITING_FOR_REMOTE_KVS, its blocks held) and the ids go to the worker in `parked`; the
+       worker writes the blocks when the KV has arrived and reports the request finished
+       receiving (`get_finished`), which releases it to vLLM's next step. A request aborted
+       while parked is listed in `cancelled`, so the worker reports it too and vLLM frees its
+       blocks. A request whose blocks were all in this engine's prefix cache is not parked
+       (vLLM computes its last token at once); its message is still taken (`drains`), when it
+       arrives, so the sender's KV is checked and its staging space freed.
 Both sides move the blocks holding prompt tokens [0, prompt_len - 1), so their counts agree.
+
+Both sides stamp when vLLM admitted the request (`t_admitted`) and, on the decode side, when the
+step that computes its first token was scheduled (`scheduled`), for the request's timeline.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,18 +47,28 @@ class TransferRequest:
     block_ids: list[int]  # this engine's blocks holding prompt tokens [0, num_tokens)
     num_tokens: int  # prompt_len - 1: the tokens whose KV moves
     skip_blocks: int = 0  # decode only: leading blocks this engine already has (prefix cache)
+    t_admitted: float | None = None  # time.monotonic() when this engine's scheduler allocated its blocks
     # filled in by the worker while it moves the request
     prepared: Any = None  # whatever the strategy's prepare_send left for its send
     clock: Any = None  # the send's SendClock, or the receive's start time
     bytes: int = 0
     messages: int = 0
     received: list = field(default_factory=list)  # the transport's Messages
+    digests: list[str] | None = None  # taken before the transfer ended (a drain's, while it holds its blocks)
 
 
 @dataclass
 class TransferMetadata(KVConnectorMetadata):
     sends: list[TransferRequest] = field(default_factory=list)
-    loads: list[TransferRequest] = field(default_factory=list)
+    loads: list[TransferRequest] = field(default_factory=list)  # decode: load before this step's forward pass
+    parked: list[TransferRequest] = field(default_factory=list)  # decode: load when the KV has arrived
+    drains: list[TransferRequest] = field(default_factory=list)  # decode: nothing to load; take the message
+    cancelled: list[str] = field(default_factory=list)  # decode: req ids finished while parked
+    scheduled: dict[str, float] = field(default_factory=dict)  # decode: req id -> when its first step was scheduled
+    idle: bool = False  # no tokens scheduled this step: the worker may wait for KV to arrive
+
+
+ASYNC_LOAD = "async"  # kv_transfer_params["load"] of a decode request submitted before its KV exists
 
 
 def blocks_for(num_tokens: int, block_size: int) -> int:
@@ -54,6 +79,10 @@ def transfer_id_of(request) -> str | None:
     return (request.kv_transfer_params or {}).get("transfer_id")
 
 
+def loads_async(request) -> bool:
+    return (request.kv_transfer_params or {}).get("load") == ASYNC_LOAD
+
+
 def single_group(block_ids):
     if len(block_ids) != 1:
         raise NotImplementedError("transfer strategies support one KV cache group (no hybrid models)")
@@ -62,40 +91,57 @@ def single_group(block_ids):
 
 class RequestTracker:
     """The scheduler side's state: prefill requests whose KV has not left yet, and decode
-    requests whose blocks were allocated this step."""
+    requests whose blocks were allocated since the last step or that wait for their KV."""
 
     def __init__(self, is_producer: bool, block_size: int):
         self.is_producer = is_producer
         self.block_size = block_size
         self._sends: dict[str, TransferRequest] = {}  # prefill: req_id -> blocks so far
         self._local_hits: dict[str, int] = {}  # decode: req_id -> tokens its prefix cache held
-        self._loads: list[TransferRequest] = []  # decode: allocated since the last step
+        self._next = TransferMetadata()  # decode: loads, parked, drains and cancels for the next step
+        self._parked: set[str] = set()  # decode: req ids vLLM holds until the worker has loaded them
 
     def matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
         if self.is_producer or transfer_id_of(request) is None:
             return 0, False
         self._local_hits[request.request_id] = num_computed_tokens
-        return max(len(request.prompt_token_ids) - 1 - num_computed_tokens, 0), False
+        return max(len(request.prompt_token_ids) - 1 - num_computed_tokens, 0), loads_async(request)
 
-    def allocated(self, request, blocks) -> None:
+    def allocated(self, request, blocks, num_external_tokens: int = 0) -> None:
         tid = transfer_id_of(request)
         if tid is None:
             return
         n_tok = len(request.prompt_token_ids) - 1
+        now = time.monotonic()
         if self.is_producer:
-            self._sends[request.request_id] = TransferRequest(tid, request.request_id, [], n_tok)
+            self._sends[request.request_id] = TransferRequest(tid, request.request_id, [], n_tok, t_admitted=now)
             return
         # decode: every request with a transfer id takes its message, even when nothing is
         # loaded (all blocks were already cached here), so the sender's KV is checked and freed.
         block_ids = list(single_group(blocks.get_block_ids()))[: blocks_for(n_tok, self.block_size)]
         skip = self._local_hits.pop(request.request_id, 0) // self.block_size
-        self._loads.append(TransferRequest(tid, request.request_id, block_ids, n_tok, skip))
+        req = TransferRequest(tid, request.request_id, block_ids, n_tok, skip, t_admitted=now)
+        if not loads_async(request):
+            self._next.loads.append(req)
+        elif num_external_tokens > 0:  # vLLM parks it only then
+            self._next.parked.append(req)
+            self._parked.add(request.request_id)
+        else:
+            self._next.drains.append(req)
 
     def step_metadata(self, scheduler_output) -> TransferMetadata:
-        meta = TransferMetadata(loads=self._loads)
-        self._loads = []
+        meta, self._next = self._next, TransferMetadata()
+        now = time.monotonic()
+        meta.idle = not getattr(scheduler_output, "total_num_scheduled_tokens", 1)
         if self.is_producer:
             meta.sends = self._ready_sends(scheduler_output)
+            return meta
+        for req in meta.loads + meta.drains:  # scheduled in this step
+            meta.scheduled[req.req_id] = now
+        for new in scheduler_output.scheduled_new_reqs:  # a parked request's first scheduled step
+            if new.req_id in self._parked:
+                self._parked.discard(new.req_id)
+                meta.scheduled[new.req_id] = now
         return meta
 
     def _ready_sends(self, out) -> list[TransferRequest]:
@@ -126,3 +172,6 @@ class RequestTracker:
 
     def finished(self, request) -> None:
         self._sends.pop(request.request_id, None)
+        if request.request_id in self._parked:  # aborted (or failed) before its KV was loaded
+            self._parked.discard(request.request_id)
+            self._next.cancelled.append(request.request_id)

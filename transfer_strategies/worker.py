@@ -2,6 +2,13 @@
 bookkeeping around every transfer (its clock, byte and message counts, digests, the negative
 control and its record). It runs in vLLM's model worker; the connector facade (`base.py`) holds
 one and hands the strategy its short API on top.
+
+On the decode side it also keeps the requests vLLM parked until their KV arrives (early
+submission, see scheduler.py): each step it says which have arrived (`arrived`), the facade runs
+the strategy's `receive` for them, and `finished_receiving` tells vLLM which to release. A parked
+request whose KV has not come within timeout_s fails: its blocks are reported to vLLM as not
+loaded (`load_errors`), so vLLM's kv_load_failure_policy decides (fail the request, or recompute
+it), and its record says why.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from transfer_strategies.scheduler import TransferRequest
 from transfer_strategies.transport import Message, open_channel
 
 LAYOUT_ID = "__layout__"
+IDLE_WAIT_S = 0.02  # a decode step with nothing to compute waits this long for KV to arrive
 
 
 class TransferWorker:
@@ -35,13 +43,22 @@ class TransferWorker:
         self.records = TransferRecordWriter(path) if path else None
         self.kv: KVBlocks | None = None
         self.channel = None
+        self.timeout_s = float(harness.get("timeout_s", 300))
+        # decode, early submission
+        self._parked: dict[str, tuple[TransferRequest, float]] = {}  # req id -> (request, parked at)
+        self._drains: list[TransferRequest] = []
+        self._released: set[str] = set()  # req ids vLLM may release (loaded, failed or cancelled)
+        self._discard: set[str] = set()  # transfer ids of cancelled requests: their KV is dropped on arrival
+        self._failed_blocks: set[int] = set()
+        self._scheduled_at: dict[str, float] = {}  # req id -> when its first decode step was scheduled
+        self._unwritten: dict[str, TransferRecord] = {}  # receive records waiting for that stamp
 
     def register(self, kv_caches: dict[str, torch.Tensor], num_blocks: int, block_size: int) -> None:
         self.kv = KVBlocks(kv_caches, num_blocks)
         self.digests = BlockDigests(self.kv)
         h = self.harness
         self.channel = open_channel("sender" if self.is_producer else "receiver", self.kv.device, self.transport,
-                                    h["rendezvous"], h.get("host", "127.0.0.1"), float(h.get("timeout_s", 300)))
+                                    h["rendezvous"], h.get("host", "127.0.0.1"), self.timeout_s)
         self._exchange_layout(dict(self.kv.layout(), block_size=block_size))
 
     def _exchange_layout(self, mine: dict) -> None:
@@ -75,11 +92,70 @@ class TransferWorker:
 
     def end_send(self, req: TransferRequest) -> None:
         req.clock.start()  # in case nothing was posted
+        t_forward_done = req.clock.forward_done()
         self.channel.flush()
+        t_sent = time.monotonic()  # every doorbell rung
         self._sync()
-        self._record(req, "send", send_ms=req.clock.host_ms(), gpu_ms=req.clock.gpu_ms(self.channel.last_written))
+        self._record(req, "send", send_ms=req.clock.host_ms(), gpu_ms=req.clock.gpu_ms(self.channel.last_written),
+                     t_admitted=req.t_admitted, t_forward_done=t_forward_done, t_sent=t_sent)
 
     # ---------------------------------------------------------------- decode worker
+    def take_step(self, meta) -> None:
+        """What vLLM's scheduler decided for this step (decode side): requests to park until
+        their KV arrives, messages to drain, parked requests it cancelled, first steps scheduled."""
+        now = time.monotonic()
+        for req in meta.parked:
+            self._parked[req.req_id] = (req, now)
+        for req in meta.drains:
+            if self.verify:  # now, while the request holds its blocks; the message may come later
+                req.digests = self.digests(req.block_ids)
+            self._drains.append(req)
+        for rid in meta.cancelled:
+            parked = self._parked.pop(rid, None)
+            if parked is not None:
+                self._released.add(rid)  # vLLM frees its blocks once told
+                self._discard.add(parked[0].transfer_id)  # its KV may still come: dropped then
+        if self.records is not None:
+            self._scheduled_at.update(meta.scheduled)
+        for rid in [r for r in self._unwritten if r in self._scheduled_at]:
+            self._write_receive(self._unwritten.pop(rid), rid)
+
+    def arrived(self, wait: bool) -> list[TransferRequest]:
+        """Parked or draining requests whose messages have all arrived; with wait (a step with
+        nothing to compute), wait a little for one. Parked requests past the timeout fail."""
+        waiting = [r for r, _ in self._parked.values()] + self._drains
+        if not waiting and not self._discard:
+            return []
+        ids = {r.transfer_id for r in waiting}
+        ready = self.channel.ready(ids | self._discard, IDLE_WAIT_S if wait and waiting else 0.0)
+        for tid in self._discard & ready:
+            self.channel.release(tid)
+        self._discard -= ready
+        now = time.monotonic()
+        for rid, (req, since) in list(self._parked.items()):
+            if req.transfer_id not in ready and now - since > self.timeout_s:
+                del self._parked[rid]
+                self._fail(req, f"no KV arrived for transfer {req.transfer_id} within {self.timeout_s:.0f} s")
+        out = [r for r in waiting if r.transfer_id in ready]
+        self._drains = [r for r in self._drains if r.transfer_id not in ready]
+        for r in out:
+            if self._parked.pop(r.req_id, None) is not None:
+                self._released.add(r.req_id)
+        return out
+
+    def finished_receiving(self) -> set[str]:
+        done, self._released = self._released, set()
+        return done
+
+    def load_errors(self) -> set[int]:
+        failed, self._failed_blocks = self._failed_blocks, set()
+        return failed
+
+    def _fail(self, req: TransferRequest, error: str) -> None:
+        self._failed_blocks.update(req.block_ids[req.skip_blocks:])
+        self._released.add(req.req_id)
+        self._record(req, "receive", error=error, t_admitted=req.t_admitted)
+
     def begin_receive(self, req: TransferRequest) -> None:
         req.clock = time.monotonic()
 
@@ -103,7 +179,8 @@ class TransferWorker:
                      transfer_ms=(delivered - sent_at) * 1e3,  # sender starts gathering -> last byte in our memory
                      notify_ms=(arrived - delivered) * 1e3,  # -> this worker has been told (doorbell latency)
                      load_ms=(t_end - t_start) * 1e3,  # decode step blocked on KV (wait + scatter)
-                     ready_ms=(t_end - sent_at) * 1e3)  # sender starts -> KV in this engine's blocks
+                     ready_ms=(t_end - sent_at) * 1e3,  # sender starts -> KV in this engine's blocks
+                     t_admitted=req.t_admitted, t_arrived=arrived, t_load_start=t_start, t_kv_ready=t_end)
 
     # ---------------------------------------------------------------- both
     def _sync(self) -> None:
@@ -111,18 +188,28 @@ class TransferWorker:
             torch.cuda.synchronize(self.kv.device)
 
     def _record(self, req: TransferRequest, side: str, **times) -> None:
-        digests = digest_ms = None
-        if self.verify:
+        digests, digest_ms = req.digests, None
+        if self.verify and digests is None and "error" not in times:
             t0 = time.monotonic()
             digests = self.digests(req.block_ids)
             digest_ms = (time.monotonic() - t0) * 1e3
         if self.records is None:
             return
-        self.records.write(TransferRecord(
+        record = TransferRecord(
             transfer_id=req.transfer_id, side=side, strategy=self.strategy, blocks=len(req.block_ids),
             skip_blocks=req.skip_blocks, tokens=req.num_tokens, kv_cache_blocks=self.kv.num_blocks,
             kv_cache_bytes=self.kv.cache_bytes(), bytes=req.bytes, messages=req.messages,
-            digests=digests, digest_ms=digest_ms, **times))
+            digests=digests, digest_ms=digest_ms, **times)
+        if side == "send":
+            self.records.write(record)
+        elif req.req_id in self._scheduled_at or "error" in times:
+            self._write_receive(record, req.req_id)
+        else:  # parked: written when vLLM schedules its first decode step
+            self._unwritten[req.req_id] = record
+
+    def _write_receive(self, record: TransferRecord, req_id: str) -> None:
+        record.t_decode_scheduled = self._scheduled_at.pop(req_id, None)
+        self.records.write(record)
 
     def close(self) -> None:
         if self.channel is not None:

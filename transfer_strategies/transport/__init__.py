@@ -11,6 +11,8 @@ can send tensors of any dtype and shape; the receiver views the bytes back as it
     buf = sender.alloc(nbytes)            # build the payload here: no copy on the way
     sender.send(transfer_id, index, count, buf, t0=...); sender.flush()
     receiver.wait(transfer_id) -> [Message]; ...; receiver.release(transfer_id)
+    receiver.ready({transfer_id, ...}, timeout_s) -> the ids whose messages are all in (no blocking
+                                          past timeout_s: for requests parked in vLLM)
 
 Transports (transport.kind):
   staged (default)  staged.py: the payload is written straight into a staging buffer the

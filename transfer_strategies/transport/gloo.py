@@ -80,6 +80,9 @@ class GlooReceiver:
     def wait(self, transfer_id: str, index: int | None = None) -> list[Message]:
         return self.inbox.wait(transfer_id, index)
 
+    def ready(self, transfer_ids: set[str], timeout_s: float = 0.0) -> set[str]:
+        return self.inbox.ready(transfer_ids, timeout_s)
+
     def release(self, transfer_id: str) -> None:
         self.inbox.release(transfer_id)
 

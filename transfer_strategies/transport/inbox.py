@@ -51,17 +51,34 @@ class Inbox:
             self._error = error
             self._cond.notify_all()
 
+    def _complete(self, transfer_id: str, index: int | None = None) -> bool:
+        transfer = self._transfers.get(transfer_id)
+        if transfer is None:
+            return False
+        if index is not None:
+            return index in transfer.parked
+        return transfer.count is not None and len(transfer.parked) == transfer.count
+
+    def ready(self, transfer_ids: set[str], timeout_s: float = 0.0) -> set[str]:
+        """The transfers among these whose every message has arrived; if none has, wait up to
+        timeout_s for one (the decode worker polls this once per engine step)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                if self._error is not None:
+                    raise RuntimeError(f"KV channel closed while waiting for KV: {self._error}")
+                done = {t for t in transfer_ids if self._complete(t)}
+                left = deadline - time.monotonic()
+                if done or left <= 0:
+                    return done
+                self._cond.wait(left)
+
     def wait(self, transfer_id: str, index: int | None = None) -> list[Message]:
         """Block until message `index` (or every message) of a transfer has arrived."""
         deadline = time.monotonic() + self.timeout_s
 
         def ready() -> bool:
-            transfer = self._transfers.get(transfer_id)
-            if transfer is None:
-                return False
-            if index is not None:
-                return index in transfer.parked
-            return transfer.count is not None and len(transfer.parked) == transfer.count
+            return self._complete(transfer_id, index)
 
         with self._cond:
             while not ready():

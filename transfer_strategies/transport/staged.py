@@ -230,6 +230,10 @@ class StagedReceiver:
         """Block until message `index` (or every message) of a transfer has arrived."""
         return self.inbox.wait(transfer_id, index)
 
+    def ready(self, transfer_ids: set[str], timeout_s: float = 0.0) -> set[str]:
+        """Those transfers whose messages have all arrived (waiting up to timeout_s for one)."""
+        return self.inbox.ready(transfer_ids, timeout_s)
+
     def release(self, transfer_id: str) -> None:
         """Drop a transfer's messages once they have been used (their staging space is free again)."""
         regions = self.inbox.release(transfer_id)
