@@ -35,7 +35,7 @@ def engine_args(cfg: DictConfig, device: str) -> dict:
     e = cfg.engine
     args = {"model": str(cfg.model.path), "tokenizer": str(cfg.model.path), "dtype": e.dtype,
             "load_format": cfg.model.load_format, "block_size": e.block_size, "max_model_len": e.max_model_len,
-            "enforce_eager": e.enforce_eager, "seed": e.seed, "enable_prefix_caching": e.prefix_caching,
+            "enforce_eager": device == "cpu" if e.enforce_eager is None else e.enforce_eager, "seed": e.seed, "enable_prefix_caching": e.prefix_caching,
             "max_num_seqs": e.max_num_seqs, "disable_log_stats": True}
     # A fixed KV size, the same for every engine (on a GPU, vLLM's own profiling would count the
     # other engines starting beside it)
@@ -219,7 +219,7 @@ def timeline(t0: float, pre: dict, dec: dict, send: TransferRecord | None, recv:
     return {f"t_{e}_ms": None if stamps.get(e) is None else (stamps[e] - t0) * 1e3 for e in TIMELINE}
 
 
-def ttft_overhead_parts(t: dict, base_ttft_ms: float) -> dict:
+def ttft_overhead_parts(t: dict, base_ttft_ms: float, kv_gates_first_token: bool = True) -> dict:
     """The TTFT overhead against the colocated baseline, cut along the KV's critical path:
       prefill   prefill submitted -> its forward pass done, less the baseline's TTFT
       send      -> every doorbell rung (gather and post)
@@ -230,9 +230,11 @@ def ttft_overhead_parts(t: dict, base_ttft_ms: float) -> dict:
       decode    -> the decode engine's first token (scheduling, its forward pass, output)
     Each point is the latest of itself and the points before it (a worker can take the KV
     before the doorbell's sender has returned; a hand-off load starts before the KV is in), so
-    no part is negative and they add up to the overhead exactly. None without a timeline."""
+    no part is negative and they add up to the overhead exactly. None without a timeline, or
+    where the KV did not gate the first token (submitted early, with every block already in the
+    decode engine's prefix cache: vLLM computed it without waiting)."""
     points = ["forward_done", "sent", "kv_arrived", "load_start", "kv_ready", "first_token"]
-    if any(t[f"t_{p}_ms"] is None for p in points):
+    if not kv_gates_first_token or any(t[f"t_{p}_ms"] is None for p in points):
         return {f"overhead_{part}_ms": None for part in TTFT_PARTS}
     at, out = [0.0], {}
     for p in points:
@@ -270,6 +272,8 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
     kv_ms = None
     if t["t_kv_ready_ms"] is not None and t["t_forward_done_ms"] is not None:
         kv_ms = t["t_kv_ready_ms"] - t["t_forward_done_ms"]
+    # submitted early with nothing to load (all in the decode engine's prefix cache): not parked
+    gated = not (decode_submit(cfg) == "early" and recv is not None and recv.blocks == recv.skip_blocks)
     error = received("error")
     if dec.get("finish_reason") == "error":
         error = error or "the decode engine failed the request"
@@ -287,7 +291,7 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
         transfer_ms=transfer_ms, transfer_host_ms=received("transfer_ms"), kv_ms=kv_ms,
         load_ms=received("load_ms"), ready_ms=received("ready_ms"), notify_ms=received("notify_ms"),
         gbps=n_bytes / transfer_ms / 1e6 if n_bytes and transfer_ms else None,
-        **t, **ttft_overhead_parts(t, base["ttft_ms"]),
+        **t, **ttft_overhead_parts(t, base["ttft_ms"], kv_gates_first_token=gated),
         token_ids=dec["token_ids"], base_token_ids=base["token_ids"],
     ).to_dict()
 
@@ -417,7 +421,9 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                           cudagraph_modes={n: e.cudagraph_mode for n, e in engines.items()},
                           decode_submit=submit_mode, kv_blocks_in_use=kv_in_use)
     if status == "ok":
-        leaked = {n: k for n, k in kv_in_use.items() if k}
+        # vLLM's pull connector frees the prefill's blocks when a later engine step hears that the
+        # decode engine has read them: an idle engine still holds the last ones
+        leaked = {n: k for n, k in kv_in_use.items() if k and cfg.strategy.module}
         if summary.get("transfer_errors"):
             first = next(r["error"] for r in rows if r.get("error"))
             status, code, error = "transfer_failed", 1, f"{summary['transfer_errors']} transfer(s) failed: {first}"

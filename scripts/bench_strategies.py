@@ -19,9 +19,14 @@ interval where the requests differ):
   GB/s, of ceiling  KV bytes / transfer ms, and that as a share of the ceiling
   notify ms       -> the decode worker has been told (doorbell latency; not in transfer ms)
   KV ready ms     the sender starts -> the KV is in the decode engine's own blocks
+  KV e2e ms       the prefill's forward pass done -> the KV in the decode engine's own blocks
   TTFT overhead   the first token from the decode engine, against the colocated baseline
   prefill TTFT overhead  the first token as the prefill engine returns it (the KV has left by
                   then): what a client sees when a router streams the prefill's token
+  overhead parts  the mean TTFT overhead cut into its parts (prefill, send, delivery, pickup,
+                  scatter, decode: results/README.md), which add up to the mean overhead
+bench.decode_submit lists when the decode request goes (early, after_prefill; default: the
+harness's default): each strategy runs once per entry, as <strategy>-<entry>.
 The ceiling: a large tensor copy (bytes copied / time) on the same device, or from GPU 0 to
 GPU 1 with --two-gpus, measured before and after the runs; the higher one is used. Writes
 table.md and rows.csv next to the runs.
@@ -42,6 +47,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness.ceiling import copy_ceiling_gbps
 from harness.results import load_requests
+from harness.schema import OVERHEAD_PARTS
 from harness.stats import Column, format_table, p50_with_interval
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -84,19 +90,19 @@ def main() -> int:
     print(f"copy ceiling before: {ceiling_before:.2f} GB/s", flush=True)
 
     codes = []
-    for strategy in plan.strategies:
-        run_dir = out / strategy
+    for label, strategy, submit in plan.runs:
+        run_dir = out / label
         cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}",
-               *plan.harness_overrides(strategy, out / "prompts.jsonl")]
-        print(f"--- {strategy}: {' '.join(cmd[2:])}", flush=True)
+               *plan.harness_overrides(strategy, out / "prompts.jsonl", submit)]
+        print(f"--- {label}: {' '.join(cmd[2:])}", flush=True)
         codes.append(subprocess.run(cmd, cwd=ROOT).returncode)
 
     ceiling_after = ceiling_now()
     ceiling = max(ceiling_before, ceiling_after)
     print(f"copy ceiling after: {ceiling_after:.2f} GB/s", flush=True)
 
-    strategies = plan.strategies
-    rows = strategy_rows(load_requests(*(out / s for s in strategies)), strategies, ceiling)
+    labels = [label for label, _, _ in plan.runs]
+    rows = strategy_rows(load_requests(*(out / s for s in labels if (out / s).is_dir())), labels, ceiling)
     title = (f"ceiling ({ceiling_of}, same run): {ceiling:.2f} GB/s "
              f"(before {ceiling_before:.2f}, after {ceiling_after:.2f})")
     table = f"{title}\n\n{strategy_table(rows)}\n\n{INTERVAL_NOTE}"
@@ -113,9 +119,16 @@ class Plan:
     (composed as the harness composes it) says about lengths, strategies and device."""
 
     def __init__(self, experiment: str, overrides: list[str], lengths: list[int], per_length: int,
-                 strategies: list[str], device: str):
+                 strategies: list[str], device: str, submits: list[str | None] | None = None):
         self.experiment, self.overrides = experiment, overrides
         self.lengths, self.per_length, self.strategies, self.device = lengths, per_length, strategies, device
+        self.submits = submits or [None]
+
+    @property
+    def runs(self) -> list[tuple[str, str, str | None]]:
+        """(run directory name, strategy, run.decode_submit) of each harness run."""
+        return [(s if m is None or len(self.submits) == 1 else f"{s}-{m}", s, m)
+                for s in self.strategies for m in self.submits]
 
     @classmethod
     def compose(cls, experiment: str, overrides: list[str], two_gpus: bool = False) -> Plan:
@@ -135,7 +148,7 @@ class Plan:
             if bench is None:
                 raise ValueError(f"experiment {experiment!r} has no bench section (lengths, per_length, strategies)")
             plan = cls(experiment, list(overrides), [int(n) for n in bench.lengths], int(bench.per_length),
-                       list(bench.strategies), cfg.device.type)
+                       list(bench.strategies), cfg.device.type, list(bench.get("decode_submit") or []))
         except (HydraException, OmegaConfBaseException, ValueError, TypeError) as e:
             print(f"error: --experiment {experiment} -- {' '.join(overrides)}: {str(e).splitlines()[0]}",
                   file=sys.stderr)
@@ -146,32 +159,41 @@ class Plan:
             plan.device = "cuda" if torch.cuda.is_available() else "cpu"
         return plan
 
-    def harness_overrides(self, strategy: str, prompts: Path) -> list[str]:
+    def harness_overrides(self, strategy: str, prompts: Path, submit: str | None = None) -> list[str]:
         """One strategy's harness run: the experiment, the benchmark's prompts, then the overrides after --."""
         return [f"experiment={self.experiment}", f"strategy={strategy}", "workload=jsonl", f"workload.path={prompts}",
-                f"engine.max_model_len={max(self.lengths) + 64}", "sampling.max_tokens=4", *self.overrides]
+                f"engine.max_model_len={max(self.lengths) + 64}", "sampling.max_tokens=4",
+                *([f"run.decode_submit={submit}"] if submit else []), *self.overrides]
 
 
 # Per strategy and prompt length: the median of the requests, with its bootstrap interval
-MEDIANS = ["bytes", "messages", "transfer_ms", "transfer_host_ms", "gbps", "notify_ms", "ready_ms", "ttft_ms",
+MEDIANS = ["bytes", "messages", "transfer_ms", "transfer_host_ms", "gbps", "notify_ms", "ready_ms", "kv_ms", "ttft_ms",
            "base_ttft_ms", "ttft_overhead_ms", "prefill_ttft_overhead_ms"]
+# ... and the means of the TTFT overhead's parts (they add up to the mean overhead)
 CSV_COLUMNS = (["strategy", "prompt_len", "bytes", "messages", "transfer_ms", "transfer_host_ms", "gbps",
-                "ceiling_share", "notify_ms", "ready_ms", "ttft_ms", "base_ttft_ms", "ttft_overhead_ms",
-                "prefill_ttft_overhead_ms", "match_rate", "digest_ok"]
+                "ceiling_share", "notify_ms", "ready_ms", "kv_ms", "ttft_ms", "base_ttft_ms", "ttft_overhead_ms",
+                "prefill_ttft_overhead_ms", "match_rate", "digest_ok", "overhead_mean_ms", *OVERHEAD_PARTS]
                + [f"{k}_{end}" for k in [*MEDIANS, "ceiling_share"] for end in ("lo", "hi")])
 INTERVAL_NOTE = ("Each value is the median of that strategy's requests of that length; [lo, hi] is its 95% bootstrap "
                  "interval (1000 resamples, harness/stats.py), shown where the requests differ.")
 
 
-def strategy_rows(requests: pd.DataFrame, strategies: list[str], ceiling: float) -> list[dict]:
-    """One row per strategy and prompt length of the runs' requests (harness.results.load_requests)."""
+def strategy_rows(requests: pd.DataFrame, labels: list[str], ceiling: float) -> list[dict]:
+    """One row per run (named by its directory: the strategy, or <strategy>-<decode_submit>) and
+    prompt length of the runs' requests (harness.results.load_requests)."""
     rows = []
-    for strategy in strategies if len(requests) else []:
-        for n, g in requests[requests["strategy"] == strategy].groupby("prompt_len"):
-            g = g.assign(prefill_ttft_overhead_ms=g["prefill_ms"] - g["base_ttft_ms"])
-            row = {"strategy": strategy, "prompt_len": int(n)}
+    run_names = requests["run_dir"].map(lambda d: Path(d).name) if len(requests) else None
+    for label in labels if len(requests) else []:
+        for n, g in requests[run_names == label].groupby("prompt_len"):
+            if "prefill_ttft_overhead_ms" not in g or g["prefill_ttft_overhead_ms"].isna().all():  # before version 3
+                g = g.assign(prefill_ttft_overhead_ms=g["prefill_ms"] - g["base_ttft_ms"])
+            row = {"strategy": label, "prompt_len": int(n)}
             for k in MEDIANS:
-                row.update(p50_with_interval(g[k], k))
+                row.update(p50_with_interval(g[k] if k in g else [None] * len(g), k))
+            timed = g.dropna(subset=[k for k in OVERHEAD_PARTS if k in g]) if set(OVERHEAD_PARTS) <= set(g) else g[:0]
+            row["overhead_mean_ms"] = float(timed["ttft_overhead_ms"].mean()) if len(timed) else None
+            for k in OVERHEAD_PARTS:
+                row[k] = float(timed[k].mean()) if len(timed) else None
             for end in ("", "_lo", "_hi"):
                 gbps = row[f"gbps{end}"]
                 row[f"ceiling_share{end}"] = gbps / ceiling if gbps else None
@@ -196,13 +218,25 @@ def strategy_table(rows: list[dict]) -> str:
                Column("messages", "messages", ".0f", True), Column("transfer ms", "transfer_ms", ".3f", True),
                Column("host clock ms", "transfer_host_ms", ".3f", True), Column("GB/s", "gbps", ".2f", True),
                Column("of ceiling", "ceiling_share", ".2f", True), Column("notify ms", "notify_ms", ".3f", True),
-               Column("KV ready ms", "ready_ms", ".3f", True), Column("TTFT ms", "ttft_ms", ".1f", True),
+               Column("KV ready ms", "ready_ms", ".3f", True), Column("KV e2e ms", "kv_ms", ".3f", True),
+               Column("TTFT ms", "ttft_ms", ".1f", True),
                Column("baseline TTFT ms", "base_ttft_ms", ".1f", True),
                Column("TTFT overhead", overhead("ttft_overhead_ms")),
                Column("prefill TTFT overhead", overhead("prefill_ttft_overhead_ms")),
+               Column("overhead parts, mean ms", overhead_parts),
                Column("match", lambda r: f"{r['match_rate']:.0%}"),
                Column("digests", lambda r: "ok" if r["digest_ok"] else "FAIL")]
     return format_table(rows, columns, markdown=True)
+
+
+PART_NAMES = {"overhead_prefill_ms": "prefill", "overhead_send_ms": "send", "overhead_delivery_ms": "delivery",
+              "overhead_pickup_ms": "pickup", "overhead_scatter_ms": "scatter", "overhead_decode_ms": "decode"}
+
+
+def overhead_parts(r: dict) -> str:
+    if r.get("overhead_mean_ms") is None:
+        return "-"
+    return f"{r['overhead_mean_ms']:+.2f} = " + " ".join(f"{PART_NAMES[k]} {r[k]:+.2f}" for k in OVERHEAD_PARTS)
 
 
 def plot(out: Path, title: str | None = None) -> None:

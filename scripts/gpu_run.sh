@@ -4,6 +4,8 @@
 #   bash scripts/gpu_run.sh check    # tests/test_gpu.py: every strategy matches the baseline on CUDA (pytest args follow)
 #   bash scripts/gpu_run.sh bench    # experiment=gpu_bench: Llama-3-8B shape, 512/2k/8k/16k tokens, one GPU
 #   bash scripts/gpu_run.sh bench2   # the same with prefill on GPU 0 and decode on GPU 1
+#   bash scripts/gpu_run.sh ttft     # experiment=gpu_ttft: TTFT and its parts, early vs after_prefill, 2k/8k/16k
+#   bash scripts/gpu_run.sh ttft2    # the same across two GPUs
 #   bash scripts/gpu_run.sh probe    # scripts/gpu_copy_probe.py, on one GPU and (if there are two) across
 # What bench runs is conf/experiment/gpu_bench.yaml (full_cache's 2.5 GiB cache: gpu_bench/full_cache.yaml);
 # harness overrides follow (bench.lengths=[512,2048]), or LENGTHS=512,2048 PER_LENGTH=1 STRATEGIES=fused.
@@ -21,9 +23,10 @@ case "${1:-check}" in
     for d in results/tests/gpu-*/; do
       [ -f "$d/summary.json" ] && cp "$d/summary.json" "$OUT/check-$(basename "$d").summary.json"
     done ;;
-  bench|bench2)
-    name=$1; two=(); [ "$1" = bench2 ] && two=(--two-gpus)
-    python3 scripts/bench_strategies.py --experiment gpu_bench "${two[@]}" --out "$RUNS/$name" -- \
+  bench|bench2|ttft|ttft2)
+    name=${NAME:-$1}; two=(); [ "${1: -1}" = 2 ] && two=(--two-gpus)
+    experiment=gpu_bench; [ "${1#ttft}" != "$1" ] && experiment=gpu_ttft
+    python3 scripts/bench_strategies.py --experiment $experiment "${two[@]}" --out "$RUNS/$name" -- \
       ${LENGTHS:+"bench.lengths=[$LENGTHS]"} ${PER_LENGTH:+"bench.per_length=$PER_LENGTH"} \
       ${STRATEGIES:+"bench.strategies=[$STRATEGIES]"} "${@:2}" 2>&1 | grep -v "^\[" | tail -40
     cp "$RUNS/$name/table.md" "$OUT/$name-table.md" 2>/dev/null

@@ -15,6 +15,8 @@ import re
 import psutil
 import pytest
 
+from harness.run import TIMELINE
+from harness.schema import OVERHEAD_PARTS
 from tests.conftest import ROOT, run_harness, write_token_prompts
 
 pytestmark = pytest.mark.engine
@@ -42,19 +44,25 @@ CASES = {
     "layerwise": ["strategy=layerwise"],
     "custom-two_halves": ["strategy=custom", "strategy.name=two_halves", "strategy.module=examples.two_halves",
                           "strategy.connector=TwoHalvesConnector"],
+    # the hand-off: the decode request goes once the prefill engine has answered
+    "fused-after_prefill": ["strategy=fused", "run.decode_submit=after_prefill"],
+    # every prompt in flight at once: all decode requests parked together
+    "layerwise-all_in_flight": ["strategy=layerwise", "workload.concurrency=9"],
 }
 
 
 def expected_messages(case: str, blocks: int) -> int | None:
-    return {"fused": 1, "per_request_blocks": N_LAYERS, "layerwise": N_LAYERS, "full_cache": N_LAYERS + 1,
+    return {"fused": 1, "fused-after_prefill": 1, "per_request_blocks": N_LAYERS, "layerwise": N_LAYERS,
+            "layerwise-all_in_flight": N_LAYERS, "full_cache": N_LAYERS + 1,
             "per_request_blocks-per_block-bs64": max(N_LAYERS * blocks, 1), "custom-two_halves": 2}.get(case)
 
 
 def harness_on_edge_prompts(results_dir, tmp_path_factory, name: str, *overrides: str, env: dict | None = None):
     block = 64 if "engine.block_size=64" in overrides else BLOCK
     prompts = write_token_prompts(tmp_path_factory.mktemp(name) / "prompts.jsonl", edge_prompts(block))
-    return run_harness(results_dir / f"e2e-{name}", *overrides, "workload=jsonl", f"workload.path={prompts}",
-                       "workload.concurrency=3", "engine.max_model_len=512", "sampling.max_tokens=8", env=env)
+    return run_harness(results_dir / f"e2e-{name}", "workload=jsonl", f"workload.path={prompts}",
+                       "workload.concurrency=3", "engine.max_model_len=512", "sampling.max_tokens=8", *overrides,
+                       env=env)
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -88,7 +96,9 @@ def test_records_carry_latency_bytes_and_messages(strategy_run):
         assert r["prompt_len"] == len(prompts[i]) and r["output_len"] == 8
         for k in ("ttft_ms", "e2e_ms", "base_ttft_ms", "base_e2e_ms", "prefill_ms"):
             assert r[k] > 0
-        assert r["e2e_ms"] >= r["ttft_ms"] >= r["prefill_ms"]
+        assert r["e2e_ms"] >= r["ttft_ms"]
+        if r["blocks"] > r["skip_blocks"] or "after_prefill" in strategy_run.case:  # else vLLM did not wait
+            assert r["ttft_ms"] >= r["prefill_ms"]
         assert r["blocks"] == -(-(len(prompts[i]) - 1) // block)  # the blocks holding tokens [0, n-1)
         assert r["messages"] == expected_messages(strategy_run.case, r["blocks"])
         if strategy_run.case == "full_cache":
@@ -109,7 +119,39 @@ def test_a_warm_up_request_went_through_the_connector_first_and_is_not_measured(
     assert set(strategy_run.summary["cudagraph_mode"]) == {"baseline", "prefill", "decode"}
 
 
+def test_the_decode_request_went_early_and_waited_for_its_kv_in_vllm(strategy_run):
+    early = "after_prefill" not in strategy_run.case
+    assert strategy_run.summary["decode_submit"] == ("early" if early else "after_prefill")
+    assert strategy_run.summary["kv_blocks_in_use"] == {"prefill": 0, "decode": 0}  # no parked request left
+    for r in strategy_run.jsonl("requests.jsonl"):
+        t = {e: r[f"t_{e}_ms"] for e in TIMELINE}
+        assert None not in t.values(), r
+        assert 0 <= t["prefill_admitted"] <= t["forward_done"] <= t["sent"] and t["prefill_admitted"] < t["kv_ready"]
+        assert t["decode_scheduled"] < t["first_token"]
+        if "layerwise" not in strategy_run.case:  # layerwise's KV may be in before the forward pass is done
+            assert r["kv_ms"] > 0
+        if not early:  # the hand-off: the decode request follows the prefill's answer, its load its step
+            assert t["decode_submitted"] >= t["prefill_token"] and t["load_start"] >= t["decode_scheduled"]
+        elif r["blocks"] > r["skip_blocks"]:  # parked in vLLM until the KV was in its blocks
+            assert t["decode_submitted"] < t["decode_admitted"] < t["kv_ready"] <= t["decode_scheduled"]
+
+
+def test_the_ttft_overhead_parts_add_up_to_the_measured_overhead(strategy_run):
+    rows = strategy_run.jsonl("requests.jsonl")
+    timed = [r for r in rows if r["overhead_decode_ms"] is not None]
+    assert len(timed) >= len(rows) - 1  # the one-token prompt may be all in the decode cache
+    for r in timed:
+        parts = sum(r[k] for k in OVERHEAD_PARTS)
+        assert abs(parts - r["ttft_overhead_ms"]) <= 0.05 * abs(r["ttft_overhead_ms"]) + 1e-6
+        assert all(r[k] >= 0 for k in OVERHEAD_PARTS if k != "overhead_prefill_ms")
+    s = strategy_run.summary
+    assert abs(sum(s["overhead_parts_mean_ms"].values()) - s["overhead_mean_ms"]) < 1e-6
+    assert "ttft overhead mean" in strategy_run.stdout
+
+
 def test_prefix_cache_hits_on_decode_side(strategy_run):
+    if "all_in_flight" in strategy_run.case:
+        pytest.skip("both prompts in flight at once: the first one's prefix is not cached yet")
     rows = {r["prompt_idx"]: r for r in strategy_run.jsonl("requests.jsonl")}
     first, second = SHARED_PREFIX
     assert rows[first]["skip_blocks"] == 0
@@ -179,6 +221,20 @@ def test_negative_control_corruption_is_caught(corrupted_run):
     assert corrupted and all(r["digest_match"] is False for r in corrupted)
     assert s["digest_failures"] >= len(corrupted)
     assert s["mismatches"] >= len(corrupted) // 2, "corrupting a block should change most outputs"
+
+
+def test_kv_that_never_arrives_fails_the_request_within_the_transfer_timeout(results_dir):
+    run = run_harness(results_dir / "e2e-never_sends", "strategy=custom", "strategy.name=never_sends",
+                      "strategy.module=tests.never_sends_strategy", "strategy.connector=NeverSends",
+                      "workload=smoke", "sampling.max_tokens=4", "run.transfer_timeout_s=3")
+    assert run.code == 1, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "transfer_failed" and s["transfer_errors"] == s["requests"] == 4
+    assert "no KV arrived for transfer" in s["error"] and "within 3 s" in run.stderr
+    assert s["kv_blocks_in_use"] == {"prefill": 0, "decode": 0}  # the parked requests' blocks were freed
+    assert s["timings"]["disagg_s"] < 3 * 4 + 10  # each waited about the timeout, no more
+    rows = run.jsonl("requests.jsonl")
+    assert all("within 3 s" in r["error"] for r in rows)
 
 
 @pytest.fixture(scope="module")

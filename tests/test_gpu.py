@@ -10,13 +10,15 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.engine,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
+# CUDA graphs on (the default on a GPU) and early decode submission (the default) unless a case says
 CASES = {
     "fused": ["strategy=fused"],
     "per_request_blocks": ["strategy=per_request_blocks"],
-    "layerwise": ["strategy=layerwise"],
+    "layerwise": ["strategy=layerwise"],  # piecewise graphs: its per-layer hooks run
     "full_cache": ["strategy=full_cache"],
-    "fused-cuda_graphs": ["strategy=fused", "engine.enforce_eager=false"],
-    "layerwise-cuda_graphs": ["strategy=layerwise", "engine.enforce_eager=false"],  # piecewise graphs, its hooks run
+    "fused-after_prefill": ["strategy=fused", "run.decode_submit=after_prefill"],
+    "fused-eager": ["strategy=fused", "engine.enforce_eager=true"],
+    "layerwise-eager": ["strategy=layerwise", "engine.enforce_eager=true"],
     "fused-two_gpus": ["strategy=fused", "device.decode_gpu=1"],
 }
 
@@ -30,3 +32,8 @@ def test_outputs_and_digests_match_the_baseline_on_cuda(case, results_dir):
     s = run.summary
     assert s["status"] == "ok" and s["requests"] == 6 and s["match_rate"] == 1.0
     assert s["digest_checked"] == 6 and s["digest_failures"] == 0
+    assert s["decode_submit"] == ("after_prefill" if "after_prefill" in case else "early")
+    assert s["kv_blocks_in_use"] == {"prefill": 0, "decode": 0}
+    graphs = {"NONE"} if "eager" in case else ({"PIECEWISE"} if "layerwise" in case else {"FULL_AND_PIECEWISE"})
+    assert {s["cudagraph_mode"][engine] for engine in ("prefill", "decode")} == graphs, s["cudagraph_mode"]
+    assert abs(sum(s["overhead_parts_mean_ms"].values()) - s["overhead_mean_ms"]) < 1e-6

@@ -20,7 +20,7 @@ def step(new=(), cached=(), scheduled=None, resumed=()):
               scheduled_cached_reqs=NS(req_ids=[r for r, _, _ in cached],
                                        new_block_ids=[None if b is None else (b,) for _, b, _ in cached],
                                        num_computed_tokens=[c for _, _, c in cached], resumed_req_ids=set(resumed)),
-              num_scheduled_tokens=scheduled or {})
+              num_scheduled_tokens=scheduled or {}, total_num_scheduled_tokens=sum((scheduled or {}).values()))
 
 
 def test_prefill_sends_the_blocks_of_all_but_the_last_prompt_token_after_its_step():
@@ -75,3 +75,42 @@ def test_a_finished_request_is_forgotten():
     t.allocated(r, None)
     t.finished(r)
     assert t.step_metadata(step(new=[("a", [1, 2, 3], 0)], scheduled={"a": 9})).sends == []
+
+
+def early(rid: str, prompt_len: int):
+    return NS(request_id=rid, prompt_token_ids=list(range(prompt_len)),
+              kv_transfer_params={"transfer_id": "t-" + rid, "load": "async"})
+
+
+def test_an_early_decode_request_is_parked_until_its_kv_is_in_then_stamped_when_scheduled():
+    t = RequestTracker(is_producer=False, block_size=BLOCK)
+    r = early("a", prompt_len=10)
+    assert t.matched_tokens(r, 0) == (9, True)  # vLLM parks it (WAITING_FOR_REMOTE_KVS)
+    t.allocated(r, NS(get_block_ids=lambda: ([4, 8, 2],)), num_external_tokens=9)
+    meta = t.step_metadata(step())
+    assert meta.loads == [] and [p.block_ids for p in meta.parked] == [[4, 8, 2]] and meta.scheduled == {}
+    assert meta.idle  # nothing scheduled: the worker may wait for the KV
+    meta = t.step_metadata(step(new=[("a", [4, 8, 2], 9)], scheduled={"a": 1}))  # released by get_finished
+    assert set(meta.scheduled) == {"a"} and not meta.idle and meta.parked == []
+    t.finished(r)
+    assert t.step_metadata(step()).cancelled == []  # it was no longer parked
+
+
+def test_an_early_request_with_nothing_to_load_is_not_parked_but_takes_its_message():
+    t = RequestTracker(is_producer=False, block_size=BLOCK)
+    r = early("a", prompt_len=9)
+    assert t.matched_tokens(r, 8) == (0, False)  # all in this engine's prefix cache: vLLM would assert
+    t.allocated(r, NS(get_block_ids=lambda: ([4, 8, 2],)), num_external_tokens=0)
+    meta = t.step_metadata(step(new=[("a", [4, 8, 2], 8)], scheduled={"a": 1}))
+    assert meta.parked == [] and [d.skip_blocks for d in meta.drains] == [2] and set(meta.scheduled) == {"a"}
+
+
+def test_a_request_finished_while_parked_is_cancelled_for_the_worker():
+    t = RequestTracker(is_producer=False, block_size=BLOCK)
+    r = early("a", prompt_len=10)
+    t.matched_tokens(r, 0)
+    t.allocated(r, NS(get_block_ids=lambda: ([4, 8, 2],)), num_external_tokens=9)
+    t.step_metadata(step())
+    t.finished(r)  # aborted, or failed by vLLM's kv_load_failure_policy
+    assert t.step_metadata(step()).cancelled == ["a"]
+    assert t.step_metadata(step()).cancelled == []

@@ -110,7 +110,8 @@ def test_disagg_row_joins_both_sides_records(tmp_path):
     TransferRecordWriter(sends).write(_record("send", "t-0", send_ms=0.5, digests=["aa", "bb"]))
     TransferRecordWriter(receives).write(_record("receive", "t-0", transfer_ms=0.25, notify_ms=0.1, load_ms=0.3,
                                                  ready_ms=0.4, digests=["aa", "bc"]))
-    cfg = OmegaConf.create({"strategy": {"name": "fused"}, "model": {"name": "m"}, "workload": {"name": "w"}})
+    cfg = OmegaConf.create({"strategy": {"name": "fused", "module": "transfer_strategies.fused"},
+                            "model": {"name": "m"}, "workload": {"name": "w"}, "run": {"decode_submit": None}})
     base = BaselineRow(run_id="r", prompt_idx=0, prompt_len=64, ttft_ms=5.0, e2e_ms=9.0, token_ids=[1, 2, 3],
                        logprobs=[-0.1, -0.2, -0.3]).to_dict()
     results = [{"token_ids": [1], "first_token_t": 100.004, "finished_t": 100.004, "submitted_t": 100.0},
@@ -131,7 +132,8 @@ def test_on_a_gpu_transfer_ms_is_the_gpu_clock(tmp_path):
     sends, receives = tmp_path / "s.jsonl", tmp_path / "r.jsonl"
     TransferRecordWriter(sends).write(_record("send", gpu_ms=0.2))
     TransferRecordWriter(receives).write(_record("receive", transfer_ms=0.3))
-    cfg = OmegaConf.create({"strategy": {"name": "fused"}, "model": {"name": "m"}, "workload": {"name": "w"}})
+    cfg = OmegaConf.create({"strategy": {"name": "fused", "module": "transfer_strategies.fused"},
+                            "model": {"name": "m"}, "workload": {"name": "w"}, "run": {"decode_submit": None}})
     base = {"token_ids": [1], "logprobs": None, "ttft_ms": 1.0, "e2e_ms": 1.0}
     results = [{"token_ids": [1], "first_token_t": 1.0, "finished_t": 1.0, "submitted_t": 0.0},
                {"token_ids": [1], "logprobs": None, "first_token_t": 1.0, "finished_t": 1.0, "submitted_t": 0.0}]

@@ -154,3 +154,32 @@ def check_staging_pressure(tmp_path, devices=("cpu", "cpu")):
     assert len(got["sender"]) == 2 and all("transport.staging_mb" in e for e in got["sender"]), got["sender"]
     # every message intact, and some were moved out of the staging buffer to make room
     assert got["receiver"] == (True, True)
+
+
+# --------------------------------------------------------------------------- polling for parked requests
+def _msg(tid, index, count):
+    from transfer_strategies.transport.message import Message
+
+    return Message(tid, index, count, torch.empty(0, dtype=torch.uint8), {}, 0.0, 0.0)
+
+
+def test_ready_says_which_transfers_are_whole_and_waits_only_for_any_arrival():
+    import threading
+    import time
+
+    from transfer_strategies.transport.inbox import Inbox
+
+    inbox = Inbox(timeout_s=5)
+    inbox.put(_msg("a", 0, 2))
+    assert inbox.ready({"a", "b"}) == set()  # half of a, none of b: no wait asked for
+    inbox.put(_msg("a", 1, 2))
+    assert inbox.ready({"a", "b"}, timeout_s=5) == {"a"}
+    t0 = time.monotonic()
+    assert inbox.ready({"b"}, timeout_s=0.05) == set() and time.monotonic() - t0 >= 0.05
+    # a message for a transfer nobody polls yet (its request not admitted) ends the wait at once
+    threading.Timer(0.05, inbox.put, args=(_msg("c", 0, 1),)).start()
+    t0 = time.monotonic()
+    assert inbox.ready({"b"}, timeout_s=5) == set() and time.monotonic() - t0 < 2
+    inbox.fail(ConnectionError("peer gone"))
+    with pytest.raises(RuntimeError, match="peer gone"):
+        inbox.ready({"b"})

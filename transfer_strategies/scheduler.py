@@ -105,7 +105,8 @@ class RequestTracker:
         if self.is_producer or transfer_id_of(request) is None:
             return 0, False
         self._local_hits[request.request_id] = num_computed_tokens
-        return max(len(request.prompt_token_ids) - 1 - num_computed_tokens, 0), loads_async(request)
+        n = max(len(request.prompt_token_ids) - 1 - num_computed_tokens, 0)
+        return n, loads_async(request) and n > 0  # vLLM parks a request only for tokens to load
 
     def allocated(self, request, blocks, num_external_tokens: int = 0) -> None:
         tid = transfer_id_of(request)

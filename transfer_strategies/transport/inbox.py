@@ -36,12 +36,14 @@ class Inbox:
         self._transfers: dict[str, _Transfer] = {}
         self._staged: dict[int, _Parked] = {}  # staging region -> the message whose payload is there
         self._error: BaseException | None = None
+        self._puts = 0  # messages put so far
 
     def put(self, msg: Message, region: int | None = None) -> None:
         with self._cond:
             transfer = self._transfers.setdefault(msg.transfer_id, _Transfer())
             parked = transfer.parked[msg.index] = _Parked(msg, region)
             transfer.count = msg.count
+            self._puts += 1
             if region is not None:
                 self._staged[region] = parked
             self._cond.notify_all()
@@ -61,15 +63,18 @@ class Inbox:
 
     def ready(self, transfer_ids: set[str], timeout_s: float = 0.0) -> set[str]:
         """The transfers among these whose every message has arrived; if none has, wait up to
-        timeout_s for one (the decode worker polls this once per engine step)."""
+        timeout_s for any message to arrive (the decode worker polls this once per engine step;
+        a message for a request its engine has not admitted yet ends the wait too, so that the
+        engine goes on to admit it)."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
+            puts = self._puts
             while True:
                 if self._error is not None:
                     raise RuntimeError(f"KV channel closed while waiting for KV: {self._error}")
                 done = {t for t in transfer_ids if self._complete(t)}
                 left = deadline - time.monotonic()
-                if done or left <= 0:
+                if done or left <= 0 or self._puts != puts:
                     return done
                 self._cond.wait(left)
 
