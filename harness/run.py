@@ -33,9 +33,10 @@ from transfer_strategies.transport import remove_leftovers
 # ---------------------------------------------------------------------- engines
 def engine_args(cfg: DictConfig, device: str) -> dict:
     e = cfg.engine
+    eager = device == "cpu" if e.enforce_eager is None else e.enforce_eager  # CUDA graphs on a GPU by default
     args = {"model": str(cfg.model.path), "tokenizer": str(cfg.model.path), "dtype": e.dtype,
             "load_format": cfg.model.load_format, "block_size": e.block_size, "max_model_len": e.max_model_len,
-            "enforce_eager": device == "cpu" if e.enforce_eager is None else e.enforce_eager, "seed": e.seed, "enable_prefix_caching": e.prefix_caching,
+            "enforce_eager": eager, "seed": e.seed, "enable_prefix_caching": e.prefix_caching,
             "max_num_seqs": e.max_num_seqs, "disable_log_stats": True}
     # A fixed KV size, the same for every engine (on a GPU, vLLM's own profiling would count the
     # other engines starting beside it)
