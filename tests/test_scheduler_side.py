@@ -90,7 +90,10 @@ def test_an_early_decode_request_is_parked_until_its_kv_is_in_then_stamped_when_
     meta = t.step_metadata(step())
     assert meta.loads == [] and [p.block_ids for p in meta.parked] == [[4, 8, 2]] and meta.scheduled == {}
     assert meta.idle  # nothing scheduled: the worker may wait for the KV
-    meta = t.step_metadata(step(new=[("a", [4, 8, 2], 9)], scheduled={"a": 1}))  # released by get_finished
+    # released by get_finished: vLLM admits it again (no external tokens this time): not a new transfer
+    t.allocated(r, NS(get_block_ids=lambda: ([4, 8, 2],)), num_external_tokens=0)
+    meta = t.step_metadata(step(new=[("a", [4, 8, 2], 9)], scheduled={"a": 1}))
+    assert meta.drains == [] and meta.loads == []
     assert set(meta.scheduled) == {"a"} and not meta.idle and meta.parked == []
     t.finished(r)
     assert t.step_metadata(step()).cancelled == []  # it was no longer parked

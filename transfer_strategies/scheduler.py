@@ -110,7 +110,7 @@ class RequestTracker:
 
     def allocated(self, request, blocks, num_external_tokens: int = 0) -> None:
         tid = transfer_id_of(request)
-        if tid is None:
+        if tid is None or request.request_id in self._parked:  # a parked request admitted again, its KV in
             return
         n_tok = len(request.prompt_token_ids) - 1
         now = time.monotonic()

@@ -48,6 +48,7 @@ class TransferWorker:
         self._parked: dict[str, tuple[TransferRequest, float]] = {}  # req id -> (request, parked at)
         self._drains: list[TransferRequest] = []
         self._released: set[str] = set()  # req ids vLLM may release (loaded, failed or cancelled)
+        self._unscheduled: set[str] = set()  # released, not scheduled yet: no step may wait before it is
         self._discard: set[str] = set()  # transfer ids of cancelled requests: their KV is dropped on arrival
         self._failed_blocks: set[int] = set()
         self._scheduled_at: dict[str, float] = {}  # req id -> when its first decode step was scheduled
@@ -115,6 +116,7 @@ class TransferWorker:
             if parked is not None:
                 self._released.add(rid)  # vLLM frees its blocks once told
                 self._discard.add(parked[0].transfer_id)  # its KV may still come: dropped then
+        self._unscheduled -= set(meta.scheduled) | set(meta.cancelled)
         if self.records is not None:
             self._scheduled_at.update(meta.scheduled)
         for rid in [r for r in self._unwritten if r in self._scheduled_at]:
@@ -127,7 +129,9 @@ class TransferWorker:
         if not waiting and not self._discard:
             return []
         ids = {r.transfer_id for r in waiting}
-        ready = self.channel.ready(ids | self._discard, IDLE_WAIT_S if wait and waiting else 0.0)
+        # vLLM schedules a released request a step or two later; waiting in those steps would delay it
+        wait = wait and waiting and not self._unscheduled
+        ready = self.channel.ready(ids | self._discard, IDLE_WAIT_S if wait else 0.0)
         for tid in self._discard & ready:
             self.channel.release(tid)
         self._discard -= ready
@@ -145,6 +149,7 @@ class TransferWorker:
 
     def finished_receiving(self) -> set[str]:
         done, self._released = self._released, set()
+        self._unscheduled |= done
         return done
 
     def load_errors(self) -> set[int]:
