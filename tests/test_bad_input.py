@@ -115,6 +115,8 @@ def test_vllm_example_with_a_prompt_under_one_block(tmp_path):
     (["+strategy.params.transport=gloo"], ["strategy.params.transport", "transport="]),
     (["strategy=vllm_example", "check.corrupt=true", "workload=synthetic"], ["check.corrupt", "ExampleConnector"]),
     (["model=hf"], ["model.path has no value"]),
+    (["strategy=vllm_nixl", "run.decode_submit=early"], ["run.decode_submit=early", "after_prefill"]),
+    (["run.decode_submit=later"], ["run.decode_submit must be early, after_prefill or null", "'later'"]),
 ])
 def test_settings_that_moved_or_do_not_apply(tmp_path, overrides, words):
     assert_bad_input(run_harness(tmp_path / "r", *overrides), *words)

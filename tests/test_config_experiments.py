@@ -68,7 +68,8 @@ def test_the_cpu_benchmark_composes_what_the_old_flags_did():
         old = OmegaConf.to_container(composed([f"strategy={strategy}", "device=cpu", "workload=jsonl",
                                                f"workload.path={PROMPTS}", "engine.max_model_len=2112",
                                                "sampling.max_tokens=4"]))
-        assert new.pop("bench") == {"lengths": plan.lengths, "per_length": 5, "strategies": plan.strategies}
+        assert new.pop("bench") == {"lengths": plan.lengths, "per_length": 5, "strategies": plan.strategies,
+                                    "decode_submit": []}
         assert new == old, strategy
 
 
@@ -89,3 +90,12 @@ def test_bad_benchmark_input_stops_before_any_run(experiment, overrides, message
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_a_benchmark_runs_each_strategy_once_per_decode_submit_mode():
+    plan = bench.Plan.compose("gpu_ttft", [])
+    assert plan.runs == [(f"{s}-{m}", s, m) for s in ["fused", "per_request_blocks", "layerwise"]
+                         for m in ["early", "after_prefill"]]
+    job = composed(plan.harness_overrides("fused", PROMPTS, "after_prefill"))
+    assert job.run.decode_submit == "after_prefill" and job.engine.enforce_eager is None  # CUDA graphs on a GPU
+    assert bench.Plan.compose("gpu_ttft", ["bench.decode_submit=[early]"]).runs[0] == ("fused", "fused", "early")

@@ -9,7 +9,8 @@ from nbclient import NotebookClient
 
 from tests.conftest import ROOT
 
-FIGURES = ["ttft_and_transfer_vs_prompt_len.png", "gbps_vs_bytes.png", "messages_vs_transfer_ms.png"]
+FIGURES = ["ttft_and_transfer_vs_prompt_len.png", "gbps_vs_bytes.png", "ttft_overhead_parts.png",
+           "messages_vs_transfer_ms.png"]
 
 
 def test_analysis_notebook_runs_and_saves_figures(results_dir, tmp_path):
