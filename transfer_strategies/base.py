@@ -170,7 +170,7 @@ class TransferConnector(KVConnectorBase_V1):
         step with nothing to compute, after waiting a little for one), and let vLLM schedule them."""
         if self.is_producer or not self.has_connector_metadata():
             return None, None
-        for req in self.worker.arrived(wait=self.this_step().idle):
+        for req in self.worker.arrived(idle=self.this_step().idle):
             self.begin_receive(req)
             self.receive(req)
             self.end_receive(req)

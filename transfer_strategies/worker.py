@@ -3,12 +3,12 @@ bookkeeping around every transfer (its clock, byte and message counts, digests, 
 control and its record). It runs in vLLM's model worker; the connector facade (`base.py`) holds
 one and hands the strategy its short API on top.
 
-On the decode side it also keeps the requests vLLM parked until their KV arrives (early
-submission, see scheduler.py): each step it says which have arrived (`arrived`), the facade runs
-the strategy's `receive` for them, and `finished_receiving` tells vLLM which to release. A parked
-request whose KV has not come within timeout_s fails: its blocks are reported to vLLM as not
-loaded (`load_errors`), so vLLM's kv_load_failure_policy decides (fail the request, or recompute
-it), and its record says why.
+On the decode side it also holds the requests vLLM parked until their KV arrives (early
+submission, see scheduler.py; parking.py keeps them): each step it says which have arrived
+(`arrived`), the facade runs the strategy's `receive` for them, and `finished_receiving` tells
+vLLM which to release. A parked request whose KV has not come within timeout_s fails: its blocks
+are reported to vLLM as not loaded (`load_errors`), so vLLM's kv_load_failure_policy decides
+(fail the request, or recompute it), and its record says why.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from transfer_strategies.clock import SendClock
 from transfer_strategies.digests import BlockDigests
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.negative_control import corrupt_received
+from transfer_strategies.parking import ParkedRequests
 from transfer_strategies.records import TransferRecord, TransferRecordWriter
 from transfer_strategies.scheduler import TransferRequest
 from transfer_strategies.transport import Message, open_channel
 
 LAYOUT_ID = "__layout__"
-IDLE_WAIT_S = 0.02  # a decode step with nothing to compute waits this long for KV to arrive
 
 
 class TransferWorker:
@@ -44,13 +44,7 @@ class TransferWorker:
         self.kv: KVBlocks | None = None
         self.channel = None
         self.timeout_s = float(harness.get("timeout_s", 300))
-        # decode, early submission
-        self._parked: dict[str, tuple[TransferRequest, float]] = {}  # req id -> (request, parked at)
-        self._drains: list[TransferRequest] = []
-        self._released: set[str] = set()  # req ids vLLM may release (loaded, failed or cancelled)
-        self._unscheduled: set[str] = set()  # released, not scheduled yet: no step may wait before it is
-        self._discard: set[str] = set()  # transfer ids of cancelled requests: their KV is dropped on arrival
-        self._failed_blocks: set[int] = set()
+        self.parking = ParkedRequests(self.timeout_s)  # decode, early submission
         self._scheduled_at: dict[str, float] = {}  # req id -> when its first decode step was scheduled
         self._unwritten: dict[str, TransferRecord] = {}  # receive records waiting for that stamp
 
@@ -104,62 +98,36 @@ class TransferWorker:
     def take_step(self, meta) -> None:
         """What vLLM's scheduler decided for this step (decode side): requests to park until
         their KV arrives, messages to drain, parked requests it cancelled, first steps scheduled."""
-        now = time.monotonic()
         for req in meta.parked:
-            self._parked[req.req_id] = (req, now)
+            self.parking.park(req)
         for req in meta.drains:
             if self.verify:  # now, while the request holds its blocks; the message may come later
                 req.digests = self.digests(req.block_ids)
-            self._drains.append(req)
+            self.parking.drain(req)
         for rid in meta.cancelled:
-            parked = self._parked.pop(rid, None)
-            if parked is not None:
-                self._released.add(rid)  # vLLM frees its blocks once told
-                self._discard.add(parked[0].transfer_id)  # its KV may still come: dropped then
-        self._unscheduled -= set(meta.scheduled) | set(meta.cancelled)
+            self.parking.cancel(rid)
+            if rid in self._unwritten:  # loaded, then finished before vLLM scheduled it
+                self._write_receive(self._unwritten.pop(rid), rid)
+        self.parking.scheduled(meta.scheduled)
         if self.records is not None:
             self._scheduled_at.update(meta.scheduled)
         for rid in [r for r in self._unwritten if r in self._scheduled_at]:
             self._write_receive(self._unwritten.pop(rid), rid)
 
-    def arrived(self, wait: bool) -> list[TransferRequest]:
-        """Parked or draining requests whose messages have all arrived; with wait (a step with
-        nothing to compute), wait a little for one. Parked requests past the timeout fail."""
-        waiting = [r for r, _ in self._parked.values()] + self._drains
-        if not waiting and not self._discard:
-            return []
-        ids = {r.transfer_id for r in waiting}
-        # vLLM schedules a released request a step or two later; waiting in those steps would delay it
-        wait = wait and waiting and not self._unscheduled
-        ready = self.channel.ready(ids | self._discard, IDLE_WAIT_S if wait else 0.0)
-        for tid in self._discard & ready:
-            self.channel.release(tid)
-        self._discard -= ready
-        now = time.monotonic()
-        for rid, (req, since) in list(self._parked.items()):
-            if req.transfer_id not in ready and now - since > self.timeout_s:
-                del self._parked[rid]
-                self._fail(req, f"no KV arrived for transfer {req.transfer_id} within {self.timeout_s:.0f} s")
-        out = [r for r in waiting if r.transfer_id in ready]
-        self._drains = [r for r in self._drains if r.transfer_id not in ready]
-        for r in out:
-            if self._parked.pop(r.req_id, None) is not None:
-                self._released.add(r.req_id)
-        return out
+    def arrived(self, idle: bool) -> list[TransferRequest]:
+        """Parked or draining requests whose messages have all arrived (the facade receives
+        them now); parked requests past the timeout fail here."""
+        arrived, expired = self.parking.poll(self.channel, idle)
+        for req in expired:
+            self._record(req, "receive", error=f"no KV arrived for transfer {req.transfer_id} within "
+                                                f"{self.timeout_s:.0f} s", t_admitted=req.t_admitted)
+        return arrived
 
     def finished_receiving(self) -> set[str]:
-        done, self._released = self._released, set()
-        self._unscheduled |= done
-        return done
+        return self.parking.released()
 
     def load_errors(self) -> set[int]:
-        failed, self._failed_blocks = self._failed_blocks, set()
-        return failed
-
-    def _fail(self, req: TransferRequest, error: str) -> None:
-        self._failed_blocks.update(req.block_ids[req.skip_blocks:])
-        self._released.add(req.req_id)
-        self._record(req, "receive", error=error, t_admitted=req.t_admitted)
+        return self.parking.load_errors()
 
     def begin_receive(self, req: TransferRequest) -> None:
         req.clock = time.monotonic()

@@ -1,0 +1,69 @@
+"""The decode worker's parked requests (early submission), on a real inbox: what arrives is
+released once, a released request is not waited for, a cancelled one's KV is dropped when it
+comes, and one whose KV never comes fails after the timeout with its blocks as load errors."""
+
+import time
+
+import torch
+
+from transfer_strategies.parking import IDLE_WAIT_S, ParkedRequests
+from transfer_strategies.scheduler import TransferRequest
+from transfer_strategies.transport.inbox import Inbox
+from transfer_strategies.transport.message import Message
+
+
+def req(rid: str, blocks=(4, 5, 6), skip: int = 0) -> TransferRequest:
+    return TransferRequest(f"t-{rid}", rid, list(blocks), 3 * 16, skip)
+
+
+def put(inbox: Inbox, rid: str) -> None:
+    inbox.put(Message(f"t-{rid}", 0, 1, torch.empty(0, dtype=torch.uint8), {}, 0.0, 0.0))
+
+
+def test_an_arrived_request_is_released_once_and_not_waited_for_until_scheduled():
+    inbox, parking = Inbox(timeout_s=5), ParkedRequests(timeout_s=5)
+    parking.park(req("a"))
+    parking.park(req("b"))
+    put(inbox, "a")
+    arrived, expired = parking.poll(inbox, idle=True)
+    assert [r.req_id for r in arrived] == ["a"] and expired == []
+    assert parking.released() == {"a"} and parking.released() == set()
+    t0 = time.monotonic()
+    parking.poll(inbox, idle=True)  # "a" is not scheduled yet: this idle step must not wait for "b"
+    assert time.monotonic() - t0 < IDLE_WAIT_S / 2
+    parking.scheduled(["a"])
+    t0 = time.monotonic()
+    assert parking.poll(inbox, idle=True) == ([], [])  # now it waits a little for "b"
+    assert time.monotonic() - t0 >= IDLE_WAIT_S * 0.9
+
+
+def test_a_drain_is_taken_when_its_message_comes_and_never_released_to_vllm():
+    inbox, parking = Inbox(timeout_s=5), ParkedRequests(timeout_s=5)
+    parking.drain(req("a", skip=3))
+    assert parking.poll(inbox, idle=False) == ([], [])
+    put(inbox, "a")
+    arrived, _ = parking.poll(inbox, idle=False)
+    assert [r.req_id for r in arrived] == ["a"] and parking.released() == set()
+    assert parking.poll(inbox, idle=True) == ([], [])  # taken once: nothing left to wait for
+
+
+def test_a_cancelled_request_is_released_and_its_kv_dropped_when_it_comes():
+    inbox, parking = Inbox(timeout_s=5), ParkedRequests(timeout_s=5)
+    parking.park(req("a"))
+    parking.cancel("a")
+    assert parking.released() == {"a"}
+    put(inbox, "a")
+    assert parking.poll(inbox, idle=False) == ([], [])
+    assert inbox.ready({"t-a"}) == set()  # released from the inbox
+    parking.cancel("a")  # a second cancel (vLLM finishing it again) reports nothing
+    assert parking.released() == set()
+
+
+def test_kv_that_never_comes_expires_with_its_blocks_as_load_errors():
+    inbox, parking = Inbox(timeout_s=5), ParkedRequests(timeout_s=0.05)
+    parking.park(req("a", blocks=(4, 5, 6), skip=1))  # block 4 came from this engine's prefix cache
+    assert parking.poll(inbox, idle=False) == ([], [])
+    time.sleep(0.06)
+    arrived, expired = parking.poll(inbox, idle=False)
+    assert arrived == [] and [r.req_id for r in expired] == ["a"]
+    assert parking.released() == {"a"} and parking.load_errors() == {5, 6} and parking.load_errors() == set()
