@@ -203,8 +203,8 @@ def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_r
 
 
 TIMELINE = ("prefill_admitted", "forward_done", "sent", "decode_submitted", "decode_admitted", "kv_arrived",
-            "load_start", "kv_ready", "decode_scheduled", "prefill_token", "first_token")
-TTFT_PARTS = ("prefill", "send", "delivery", "pickup", "scatter", "decode")
+            "load_start", "kv_ready", "kv_checked", "decode_scheduled", "prefill_token", "first_token")
+TTFT_PARTS = ("prefill", "send", "delivery", "pickup", "scatter", "check", "decode")
 
 
 def timeline(t0: float, pre: dict, dec: dict, send: TransferRecord | None, recv: TransferRecord | None) -> dict:
@@ -216,7 +216,7 @@ def timeline(t0: float, pre: dict, dec: dict, send: TransferRecord | None, recv:
         stamps.update(prefill_admitted=send.t_admitted, forward_done=send.t_forward_done, sent=send.t_sent)
     if recv is not None:
         stamps.update(decode_admitted=recv.t_admitted, kv_arrived=recv.t_arrived, load_start=recv.t_load_start,
-                      kv_ready=recv.t_kv_ready, decode_scheduled=recv.t_decode_scheduled)
+                      kv_ready=recv.t_kv_ready, kv_checked=recv.t_kv_checked, decode_scheduled=recv.t_decode_scheduled)
     return {f"t_{e}_ms": None if stamps.get(e) is None else (stamps[e] - t0) * 1e3 for e in TIMELINE}
 
 
@@ -228,13 +228,14 @@ def ttft_overhead_parts(t: dict, base_ttft_ms: float, kv_gates_first_token: bool
       pickup    -> the decode worker takes the KV (hand-off: the prefill's answer, the harness and
                    a decode step; early submission: the worker noticing it)
       scatter   -> the KV in the decode engine's own blocks
+      check     -> its digests computed (the harness's own cost; 0 with check.digests=false)
       decode    -> the decode engine's first token (scheduling, its forward pass, output)
     Each point is the latest of itself and the points before it (a worker can take the KV
     before the doorbell's sender has returned; a hand-off load starts before the KV is in), so
     no part is negative and they add up to the overhead exactly. None without a timeline, or
     where the KV did not gate the first token (submitted early, with every block already in the
     decode engine's prefix cache: vLLM computed it without waiting)."""
-    points = ["forward_done", "sent", "kv_arrived", "load_start", "kv_ready", "first_token"]
+    points = ["forward_done", "sent", "kv_arrived", "load_start", "kv_ready", "kv_checked", "first_token"]
     if not kv_gates_first_token or any(t[f"t_{p}_ms"] is None for p in points):
         return {f"overhead_{part}_ms": None for part in TTFT_PARTS}
     at, out = [0.0], {}

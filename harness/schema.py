@@ -84,6 +84,7 @@ class RequestRow:
     t_kv_arrived_ms: float | None
     t_load_start_ms: float | None
     t_kv_ready_ms: float | None
+    t_kv_checked_ms: float | None
     t_decode_scheduled_ms: float | None
     t_prefill_token_ms: float | None
     t_first_token_ms: float | None
@@ -93,6 +94,7 @@ class RequestRow:
     overhead_delivery_ms: float | None
     overhead_pickup_ms: float | None
     overhead_scatter_ms: float | None
+    overhead_check_ms: float | None
     overhead_decode_ms: float | None
     token_ids: list[int]
     base_token_ids: list[int]
@@ -108,7 +110,7 @@ SUMMARY_METRICS = ["base_ttft_ms", "base_e2e_ms", "ttft_ms", "prefill_ttft_ms", 
                    "bytes", "messages", "gbps"]
 # The parts of ttft_overhead_ms; summary.json gives their means (which add up to the mean overhead)
 OVERHEAD_PARTS = ["overhead_prefill_ms", "overhead_send_ms", "overhead_delivery_ms", "overhead_pickup_ms",
-                  "overhead_scatter_ms", "overhead_decode_ms"]
+                  "overhead_scatter_ms", "overhead_check_ms", "overhead_decode_ms"]
 
 
 def field_names(cls) -> list[str]:

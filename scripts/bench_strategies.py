@@ -24,7 +24,7 @@ interval where the requests differ):
   prefill TTFT overhead  the first token as the prefill engine returns it (the KV has left by
                   then): what a client sees when a router streams the prefill's token
   overhead parts  the mean TTFT overhead cut into its parts (prefill, send, delivery, pickup,
-                  scatter, decode: results/README.md), which add up to the mean overhead
+                  scatter, check, decode: results/README.md), which add up to the mean overhead
 bench.decode_submit lists when the decode request goes (early, after_prefill; default: the
 harness's default): each strategy runs once per entry, as <strategy>-<entry>.
 The ceiling: a large tensor copy (bytes copied / time) on the same device, or from GPU 0 to
@@ -230,7 +230,8 @@ def strategy_table(rows: list[dict]) -> str:
 
 
 PART_NAMES = {"overhead_prefill_ms": "prefill", "overhead_send_ms": "send", "overhead_delivery_ms": "delivery",
-              "overhead_pickup_ms": "pickup", "overhead_scatter_ms": "scatter", "overhead_decode_ms": "decode"}
+              "overhead_pickup_ms": "pickup", "overhead_scatter_ms": "scatter", "overhead_check_ms": "check",
+              "overhead_decode_ms": "decode"}
 
 
 def overhead_parts(r: dict) -> str:

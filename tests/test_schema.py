@@ -59,20 +59,23 @@ def test_the_overhead_parts_add_up_to_the_overhead_and_none_is_negative():
     # before the sender's flush returned
     t = dict.fromkeys((f"t_{e}_ms" for e in TIMELINE), None)
     t.update(t_forward_done_ms=8.0, t_sent_ms=8.4, t_kv_arrived_ms=8.3, t_load_start_ms=7.9, t_kv_ready_ms=9.0,
-             t_first_token_ms=14.0)
+             t_kv_checked_ms=10.0, t_first_token_ms=14.0)
     parts = ttft_overhead_parts(t, base_ttft_ms=9.0)
     assert abs(sum(parts.values()) - (14.0 - 9.0)) < 1e-9
     assert parts["overhead_prefill_ms"] == -1.0 and parts["overhead_delivery_ms"] == 0.0
     assert parts["overhead_pickup_ms"] == 0.0 and abs(parts["overhead_scatter_ms"] - 0.6) < 1e-9
+    assert parts["overhead_check_ms"] == 1.0 and parts["overhead_decode_ms"] == 4.0
     assert all(v >= 0 for k, v in parts.items() if k != "overhead_prefill_ms")
     t["t_kv_ready_ms"] = None  # no record (vLLM's own connectors): no parts
     assert set(ttft_overhead_parts(t, 9.0).values()) == {None}
 
 
 def test_the_summary_gives_the_parts_means_which_add_up_to_the_mean_overhead():
-    rows = [_request_row(ttft_overhead_ms=3.0), _request_row(ttft_overhead_ms=5.0, overhead_decode_ms=2.5)]
+    n = len(OVERHEAD_PARTS)  # each 0.5 ms in _request_row
+    rows = [_request_row(ttft_overhead_ms=0.5 * n), _request_row(ttft_overhead_ms=0.5 * n + 2, overhead_decode_ms=2.5)]
     s = summarize(rows)
-    assert s["overhead_mean_ms"] == 4.0 and abs(sum(s["overhead_parts_mean_ms"].values()) - 4.0) < 1e-9
+    mean = 0.5 * n + 1
+    assert s["overhead_mean_ms"] == mean and abs(sum(s["overhead_parts_mean_ms"].values()) - mean) < 1e-9
 
 
 def _record(side: str, tid: str = "t-0", **kw) -> TransferRecord:

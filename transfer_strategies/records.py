@@ -51,6 +51,7 @@ class TransferRecord:
     t_arrived: float | None = None  # receive: the last message's doorbell reached this worker
     t_load_start: float | None = None  # receive: this worker began taking the KV
     t_kv_ready: float | None = None  # receive: the KV in this engine's own blocks
+    t_kv_checked: float | None = None  # receive: its digests computed (check.digests), right after t_kv_ready
     t_decode_scheduled: float | None = None  # receive: vLLM scheduled the step computing the first token
     error: str | None = None  # receive: why the KV was not loaded (the request failed or recomputed)
     schema_version: int = SCHEMA_VERSION

@@ -166,6 +166,8 @@ class TransferWorker:
             t0 = time.monotonic()
             digests = self.digests(req.block_ids)
             digest_ms = (time.monotonic() - t0) * 1e3
+        if "t_kv_ready" in times:  # the digests sit between the KV's arrival and its use
+            times["t_kv_checked"] = time.monotonic()
         if self.records is None:
             return
         record = TransferRecord(
