@@ -83,7 +83,7 @@ def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path, stats_path: 
         return {"kv_connector": s.connector, "kv_role": role, "kv_connector_extra_config": params}
     harness = {"rendezvous": str(rendezvous), "host": "127.0.0.1", "stats_path": str(stats_path),
                "verify": bool(cfg.check.digests), "corrupt": bool(cfg.check.corrupt),
-               "timeout_s": float(cfg.run.transfer_timeout_s)}
+               "timeout_s": float(cfg.run.transfer_timeout_s), "decode_submit": decode_submit(cfg)}
     transport = {"staging_mb": None, **OmegaConf.to_container(cfg.transport, resolve=True)}
     return {"kv_connector": s.connector, "kv_role": role, "kv_connector_module_path": s.module,
             "kv_connector_extra_config": {"harness": harness, "strategy": params, "transport": transport}}

@@ -237,3 +237,16 @@ def test_transport_and_check_defaults():
     assert cfg.transport == {"kind": "staged", "staging_mb": None}
     assert cfg.check == {"digests": True, "corrupt": False}
     assert compose_job(["transport=gloo"]).transport.kind == "gloo"
+
+
+def test_layerwise_asks_for_piecewise_graphs_only_where_a_decode_step_loads_while_it_runs():
+    from harness.run import transfer_config
+    from transfer_strategies.layerwise import LayerwiseConnector
+
+    for submit, piecewise in (("early", False), ("after_prefill", True)):
+        cfg = compose_job(["strategy=layerwise", f"run.decode_submit={submit}"])
+        for engine in ("prefill", "decode"):
+            extra = transfer_config(cfg, engine, Path("/tmp/port"), Path("/tmp/stats.jsonl"))
+            extra = extra["kv_connector_extra_config"]
+            assert extra["harness"]["decode_submit"] == submit
+            assert LayerwiseConnector.requires_piecewise_for_cudagraph(extra) is piecewise

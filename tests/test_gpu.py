@@ -14,7 +14,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.engine,
 CASES = {
     "fused": ["strategy=fused"],
     "per_request_blocks": ["strategy=per_request_blocks"],
-    "layerwise": ["strategy=layerwise"],  # piecewise graphs: its per-layer hooks run
+    "layerwise": ["strategy=layerwise"],  # early: full graphs, its decode forward never waits per layer
+    "layerwise-after_prefill": ["strategy=layerwise", "run.decode_submit=after_prefill"],  # piecewise: hooks run
     "full_cache": ["strategy=full_cache"],
     "fused-after_prefill": ["strategy=fused", "run.decode_submit=after_prefill"],
     "fused-eager": ["strategy=fused", "engine.enforce_eager=true"],
@@ -34,6 +35,7 @@ def test_outputs_and_digests_match_the_baseline_on_cuda(case, results_dir):
     assert s["digest_checked"] == 6 and s["digest_failures"] == 0
     assert s["decode_submit"] == ("after_prefill" if "after_prefill" in case else "early")
     assert s["kv_blocks_in_use"] == {"prefill": 0, "decode": 0}
-    graphs = {"NONE"} if "eager" in case else ({"PIECEWISE"} if "layerwise" in case else {"FULL_AND_PIECEWISE"})
+    piecewise = case == "layerwise-after_prefill"
+    graphs = {"NONE"} if "eager" in case else ({"PIECEWISE"} if piecewise else {"FULL_AND_PIECEWISE"})
     assert {s["cudagraph_mode"][engine] for engine in ("prefill", "decode")} == graphs, s["cudagraph_mode"]
     assert abs(sum(s["overhead_parts_mean_ms"].values()) - s["overhead_mean_ms"]) < 1e-6

@@ -16,10 +16,14 @@ from transfer_strategies.base import TransferConnector, TransferRequest
 class LayerwiseConnector(TransferConnector):
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config) -> bool:
-        # A full CUDA-graph replay skips the per-layer hooks: the decode forward pass would read
-        # KV that has not arrived (outputs wrong, digests right). vLLM then captures graphs
-        # piece by piece, between layers, where the hooks run.
-        return True
+        # A full CUDA-graph replay skips the per-layer hooks: a decode forward pass that loads
+        # while it runs (the hand-off) would read KV that has not arrived (outputs wrong, digests
+        # right), so vLLM must capture graphs piece by piece, between layers, where the hooks run.
+        # Submitted early, a decode request runs only once its KV is whole (receive), and full
+        # graphs only replay uniform decode batches, never the prefill engine's steps (where
+        # save_kv_layer streams; a step without the hooks is sent whole by wait_for_save).
+        harness = (extra_config or {}).get("harness") or {}
+        return harness.get("decode_submit") != "early"
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
         super().register_kv_caches(kv_caches)
