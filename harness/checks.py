@@ -56,6 +56,7 @@ def resolve_device(cfg: DictConfig) -> str:
 # would reach the strategy only, silently.
 NOT_STRATEGY_PARAMS = {"verify": "check.digests", "corrupt": "check.corrupt", "transport": "transport=staged|gloo",
                        "staging_mb": "transport.staging_mb", "timeout_s": "run.transfer_timeout_s",
+                       "decode_submit": "run.decode_submit",
                        "rendezvous": None, "host": None, "stats_path": None}
 
 
