@@ -18,7 +18,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from harness.schema import OVERHEAD_PARTS, SCHEMA_VERSION, SUMMARY_METRICS, UNVERSIONED
+from harness.schema import CRITICAL_PATH, OVERHEAD_PARTS, SCHEMA_VERSION, SUMMARY_METRICS, UNVERSIONED
 from harness.stats import Column, format_value, p50_with_interval, percentile
 from harness.stats import format_table as stats_table
 
@@ -101,17 +101,35 @@ def summarize(rows: list[dict]) -> dict:
         vals = [r.get(f) for r in rows]
         out.update(p50_with_interval(vals, f"{f}_p50"))
         out[f"{f}_p90"] = percentile(vals, 90)
-    # the means of the TTFT overhead's parts add up to the mean overhead (medians would not)
-    timed = [r for r in rows if all(r.get(k) is not None for k in OVERHEAD_PARTS)]
-    if timed:
-        out["overhead_mean_ms"] = sum(r["ttft_overhead_ms"] for r in timed) / len(timed)
-        out["overhead_parts_mean_ms"] = {k.removeprefix("overhead_").removesuffix("_ms"):
-                                         sum(r[k] for r in timed) / len(timed) for k in OVERHEAD_PARTS}
+    means = overhead_means(rows)
+    if means:
+        out["overhead_mean_ms"], out["overhead_parts_mean_ms"] = means
     tot_bytes = sum(r.get("bytes") or 0 for r in rows)
     tot_ms = sum(r.get("transfer_ms") or 0 for r in rows)
     out["total_bytes"] = tot_bytes
     out["transfer_gbps"] = tot_bytes / tot_ms / 1e6 if tot_ms > 0 else None
     return out
+
+
+def overhead_means(rows: list[dict]) -> tuple[float, dict[str, float]] | None:
+    """The mean TTFT overhead and the means of its parts ({part: ms}) over the rows that have
+    them: means add up to the mean overhead (medians would not). None without such rows."""
+    def part(r: dict, key: str) -> float | None:
+        v = r.get(key)
+        if v is None or v != v:  # NaN: absent from a loaded DataFrame
+            # rows written before the check part was split out carry it inside overhead_decode_ms
+            return 0.0 if key == "overhead_check_ms" and part(r, "overhead_decode_ms") is not None else None
+        return v
+
+    timed = [r for r in rows if all(part(r, k) is not None for k in OVERHEAD_PARTS)]
+    if not timed:
+        return None
+    return (sum(r["ttft_overhead_ms"] for r in timed) / len(timed),
+            {name: sum(part(r, f"overhead_{name}_ms") for r in timed) / len(timed) for name, _ in CRITICAL_PATH})
+
+
+def format_overhead(mean: float, parts: dict[str, float]) -> str:
+    return f"{mean:+.2f} ms = " + "  ".join(f"{part} {v:+.2f}" for part, v in parts.items())
 
 
 def run_summary(rows: list[dict], *, status: str, error: str | None, run_id: str, strategy: str, model: str,
@@ -156,8 +174,7 @@ def overhead_lines(s: dict) -> list[str]:
     """The mean TTFT overhead and its parts (README: what each time means)."""
     lines = []
     if s.get("overhead_parts_mean_ms"):
-        parts = "  ".join(f"{k} {v:+.2f}" for k, v in s["overhead_parts_mean_ms"].items())
-        lines.append(f"ttft overhead mean {s['overhead_mean_ms']:+.2f} ms = {parts} ms"
+        lines.append(f"ttft overhead mean {format_overhead(s['overhead_mean_ms'], s['overhead_parts_mean_ms'])} ms"
                      f"  (decode_submit={s.get('decode_submit')}; prefill's own token p50 "
                      f"{format_value(s.get('prefill_ttft_ms_p50'), '.1f')} ms)")
     if s.get("diagnosis"):

@@ -12,6 +12,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -22,7 +23,7 @@ from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.compare import compare_outputs
 from harness.engine_process import EngineDied, EngineProcess, next_events, wait_ready
 from harness.records import PROJECT_ROOT, JsonlWriter, format_table, run_summary, versions, write_json
-from harness.schema import BaselineRow, RequestRow
+from harness.schema import CRITICAL_PATH, OVERHEAD_PARTS, BaselineRow, RequestRow
 from harness.tracking import make_tracker
 from harness.workload import Prompt, Workload, WorkloadError
 from transfer_strategies.records import TransferRecord, TransferRecordReader
@@ -96,6 +97,18 @@ def free_port() -> int:
 
 
 # ---------------------------------------------------------------------- driving requests
+@dataclass
+class _InFlight:
+    """One prompt on its way through the stages: its results in request order, with when each
+    request was submitted."""
+
+    prompt: Prompt
+    t0: float
+    results: list
+    stage: int = 0
+    pending: int = 0  # requests of the current stage not finished yet
+
+
 def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]], dict]]]], workload: Workload,
              timeout_s: float, on_finish: Callable[[Prompt, float, list[dict]], None], phase: str = "") -> None:
     """Run every prompt through the stages in order, with up to `workload.concurrency` prompts in
@@ -103,27 +116,27 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
     starts when all of them have finished, and its sampling parameters may use the earlier
     results. on_finish gets the results in the order of the requests (each with `submitted_t`)."""
     waiting = list(workload.prompts)
-    active: dict[str, tuple[Prompt, int, int, float, dict]] = {}  # rid -> prompt, stage, slot, t0, state
+    flights: list[_InFlight] = []
+    active: dict[str, tuple[_InFlight, int, float]] = {}  # request id -> its prompt, result index, submitted at
     engines = list({id(e): e for stage in stages for e, _ in stage}.values())
-    slots = [sum(len(s) for s in stages[:i]) for i in range(len(stages))]  # first result index of each stage
+    first_slot = [sum(len(s) for s in stages[:i]) for i in range(len(stages))]
 
-    def submit(p: Prompt, stage: int, t0: float, state: dict) -> None:
-        state["pending"] = len(stages[stage])
-        for j, (engine, sampling) in enumerate(stages[stage]):
-            rid = f"{engine.name}-{p.index}"
-            active[rid] = (p, stage, slots[stage] + j, t0, state)
-            state["submitted"][slots[stage] + j] = time.monotonic()
-            engine.submit(rid, p.token_ids, sampling(p, state["results"]))
+    def submit(f: _InFlight) -> None:
+        f.pending = len(stages[f.stage])
+        for j, (engine, sampling) in enumerate(stages[f.stage]):
+            rid = f"{engine.name}-{f.prompt.index}"
+            active[rid] = (f, first_slot[f.stage] + j, time.monotonic())
+            engine.submit(rid, f.prompt.token_ids, sampling(f.prompt, f.results))
 
     # live on one line in a terminal; in logs and CI a line every 10 s
     progress = tqdm(total=len(workload.prompts), desc=phase or "+".join(e.name for e in engines), unit="req",
                     file=sys.stdout, mininterval=0.5 if sys.stdout.isatty() else 10, dynamic_ncols=True)
     last_progress = time.monotonic()
-    n = slots[-1] + len(stages[-1])
     with progress:
         while waiting or active:
-            while waiting and len({id(a[4]) for a in active.values()}) < workload.concurrency:
-                submit(waiting.pop(0), 0, time.monotonic(), {"results": [None] * n, "submitted": [None] * n})
+            while waiting and len(flights) < workload.concurrency:
+                flights.append(_InFlight(waiting.pop(0), time.monotonic(), [None] * sum(map(len, stages))))
+                submit(flights[-1])
             events = next_events(engines, 1.0)
             if not events and time.monotonic() - last_progress > timeout_s:
                 raise EngineDied(f"no request finished for {timeout_s:.0f} s (run.request_timeout_s); "
@@ -132,15 +145,17 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
                 if kind != "done":
                     continue
                 last_progress = time.monotonic()
-                p, stage, slot, t0, state = active.pop(info["req_id"])
-                state["results"][slot] = dict(info, submitted_t=state["submitted"][slot])
-                state["pending"] -= 1
-                if state["pending"]:
+                f, slot, submitted_t = active.pop(info["req_id"])
+                f.results[slot] = dict(info, submitted_t=submitted_t)
+                f.pending -= 1
+                if f.pending:
                     continue
-                if stage + 1 < len(stages):
-                    submit(p, stage + 1, t0, state)
+                f.stage += 1
+                if f.stage < len(stages):
+                    submit(f)
                 else:
-                    on_finish(p, t0, state["results"])
+                    flights.remove(f)
+                    on_finish(f.prompt, f.t0, f.results)
                     progress.update()
 
 
@@ -204,7 +219,6 @@ def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_r
 
 TIMELINE = ("prefill_admitted", "forward_done", "sent", "decode_submitted", "decode_admitted", "kv_arrived",
             "load_start", "kv_ready", "kv_checked", "decode_scheduled", "prefill_token", "first_token")
-TTFT_PARTS = ("prefill", "send", "delivery", "pickup", "scatter", "check", "decode")
 
 
 def timeline(t0: float, pre: dict, dec: dict, send: TransferRecord | None, recv: TransferRecord | None) -> dict:
@@ -235,14 +249,13 @@ def ttft_overhead_parts(t: dict, base_ttft_ms: float, kv_gates_first_token: bool
     no part is negative and they add up to the overhead exactly. None without a timeline, or
     where the KV did not gate the first token (submitted early, with every block already in the
     decode engine's prefix cache: vLLM computed it without waiting)."""
-    points = ["forward_done", "sent", "kv_arrived", "load_start", "kv_ready", "kv_checked", "first_token"]
-    if not kv_gates_first_token or any(t[f"t_{p}_ms"] is None for p in points):
-        return {f"overhead_{part}_ms": None for part in TTFT_PARTS}
-    at, out = [0.0], {}
-    for p in points:
-        at.append(max(at[-1], t[f"t_{p}_ms"]))
-    for i, part in enumerate(TTFT_PARTS):
-        out[f"overhead_{part}_ms"] = at[i + 1] - at[i] - (base_ttft_ms if part == "prefill" else 0.0)
+    if not kv_gates_first_token or any(t[f"t_{end}_ms"] is None for _, end in CRITICAL_PATH):
+        return dict.fromkeys(OVERHEAD_PARTS)
+    out, at = {}, 0.0
+    for part, end in CRITICAL_PATH:
+        end_at = max(at, t[f"t_{end}_ms"])
+        out[f"overhead_{part}_ms"] = end_at - at - (base_ttft_ms if part == "prefill" else 0.0)
+        at = end_at
     return out
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from transfer_strategies.records import SCHEMA_VERSION, UNVERSIONED, TransferRecord
 
 __all__ = ["SCHEMA_VERSION", "UNVERSIONED", "BaselineRow", "RequestRow", "TransferRecord", "SUMMARY_METRICS",
-           "OVERHEAD_PARTS", "field_names"]
+           "CRITICAL_PATH", "OVERHEAD_PARTS", "field_names"]
 
 
 @dataclass
@@ -108,9 +108,12 @@ class RequestRow:
 SUMMARY_METRICS = ["base_ttft_ms", "base_e2e_ms", "ttft_ms", "prefill_ttft_ms", "e2e_ms", "ttft_overhead_ms",
                    "prefill_ttft_overhead_ms", "transfer_ms", "kv_ms", "gpu_ms", "notify_ms", "send_ms", "load_ms",
                    "bytes", "messages", "gbps"]
-# The parts of ttft_overhead_ms; summary.json gives their means (which add up to the mean overhead)
-OVERHEAD_PARTS = ["overhead_prefill_ms", "overhead_send_ms", "overhead_delivery_ms", "overhead_pickup_ms",
-                  "overhead_scatter_ms", "overhead_check_ms", "overhead_decode_ms"]
+# The TTFT overhead's parts along the KV's critical path, each with the timeline event that ends it
+# (harness/run.py ttft_overhead_parts); rows hold them as overhead_<part>_ms, and summary.json
+# gives their means (which add up to the mean overhead)
+CRITICAL_PATH = (("prefill", "forward_done"), ("send", "sent"), ("delivery", "kv_arrived"), ("pickup", "load_start"),
+                 ("scatter", "kv_ready"), ("check", "kv_checked"), ("decode", "first_token"))
+OVERHEAD_PARTS = [f"overhead_{part}_ms" for part, _ in CRITICAL_PATH]
 
 
 def field_names(cls) -> list[str]:

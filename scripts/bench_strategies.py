@@ -46,8 +46,9 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness.ceiling import copy_ceiling_gbps
+from harness.records import format_overhead, overhead_means
 from harness.results import load_requests
-from harness.schema import OVERHEAD_PARTS
+from harness.schema import CRITICAL_PATH, OVERHEAD_PARTS
 from harness.stats import Column, format_table, p50_with_interval
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -190,10 +191,9 @@ def strategy_rows(requests: pd.DataFrame, labels: list[str], ceiling: float) -> 
             row = {"strategy": label, "prompt_len": int(n)}
             for k in MEDIANS:
                 row.update(p50_with_interval(g[k] if k in g else [None] * len(g), k))
-            timed = g.dropna(subset=[k for k in OVERHEAD_PARTS if k in g]) if set(OVERHEAD_PARTS) <= set(g) else g[:0]
-            row["overhead_mean_ms"] = float(timed["ttft_overhead_ms"].mean()) if len(timed) else None
-            for k in OVERHEAD_PARTS:
-                row[k] = float(timed[k].mean()) if len(timed) else None
+            mean, parts = overhead_means(g.to_dict("records")) or (None, {})
+            row["overhead_mean_ms"] = mean
+            row.update({f"overhead_{part}_ms": parts.get(part) for part, _ in CRITICAL_PATH})
             for end in ("", "_lo", "_hi"):
                 gbps = row[f"gbps{end}"]
                 row[f"ceiling_share{end}"] = gbps / ceiling if gbps else None
@@ -229,15 +229,10 @@ def strategy_table(rows: list[dict]) -> str:
     return format_table(rows, columns, markdown=True)
 
 
-PART_NAMES = {"overhead_prefill_ms": "prefill", "overhead_send_ms": "send", "overhead_delivery_ms": "delivery",
-              "overhead_pickup_ms": "pickup", "overhead_scatter_ms": "scatter", "overhead_check_ms": "check",
-              "overhead_decode_ms": "decode"}
-
-
 def overhead_parts(r: dict) -> str:
     if r.get("overhead_mean_ms") is None:
         return "-"
-    return f"{r['overhead_mean_ms']:+.2f} = " + " ".join(f"{PART_NAMES[k]} {r[k]:+.2f}" for k in OVERHEAD_PARTS)
+    return format_overhead(r["overhead_mean_ms"], {part: r[f"overhead_{part}_ms"] for part, _ in CRITICAL_PATH})
 
 
 def plot(out: Path, title: str | None = None) -> None:

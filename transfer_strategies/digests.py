@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from transfer_strategies.kv_blocks import KVBlocks, _few_runs, packed_runs
+from transfer_strategies.kv_blocks import KVBlocks, few_runs, packed_runs
 
 
 class BlockDigests:
@@ -39,7 +39,7 @@ class BlockDigests:
         kv = self.kv
         if kv.contiguous:
             runs = packed_runs(block_ids)
-            if _few_runs(len(runs), len(block_ids)):
+            if few_runs(len(runs), len(block_ids)):
                 for p in kv.pieces(range(kv.n_layers)):
                     yield [(at, p.narrow(0, first, n).reshape(n, -1).view(torch.int32)) for at, first, n in runs]
                 return

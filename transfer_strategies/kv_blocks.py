@@ -56,7 +56,7 @@ def packed_runs(block_ids: Sequence[int]) -> list[tuple[int, int, int]]:
     return out
 
 
-def _few_runs(n_runs: int, n_blocks: int) -> bool:
+def few_runs(n_runs: int, n_blocks: int) -> bool:
     # A slice copy per run beats one indexed copy when runs are long; with many short runs the
     # launches (on a GPU) cost more than the indexed kernel's slower element loop.
     return n_runs <= max(4, n_blocks // 8)
@@ -134,7 +134,7 @@ class KVBlocks:
         if not block_ids or not layers:
             return lambda: None
         runs = block_runs(block_ids)
-        if self.contiguous and out.device == self.device and _few_runs(len(runs), len(block_ids)):
+        if self.contiguous and out.device == self.device and few_runs(len(runs), len(block_ids)):
             srcs = [p.narrow(0, first, n) for p in self.pieces(layers) for first, n in runs]
             flat = out.view(-1, *self._block_rest)
             if self.device.type == "cpu" and out.nbytes < SMALL_CPU_COPY:
@@ -162,7 +162,7 @@ class KVBlocks:
         if not block_ids or not layers:
             return
         runs = block_runs(block_ids)
-        if self.contiguous and src.device == self.device and _few_runs(len(runs), len(block_ids)):
+        if self.contiguous and src.device == self.device and few_runs(len(runs), len(block_ids)):
             flat = src.reshape(-1, *self._block_rest)  # a view unless src was cut from a larger buffer
             dst = [p.narrow(0, first, n) for p in self.pieces(layers) for first, n in runs]
             torch.split_with_sizes_copy(flat, [d.shape[0] for d in dst], out=dst)
