@@ -7,6 +7,10 @@ context (where torch.multiprocessing opens it) and in GPU 0's, where the copying
 
     python3 scripts/gpu_copy_probe.py          # one GPU
     python3 scripts/gpu_copy_probe.py --peer   # the IPC buffer on GPU 1
+
+On one GPU it also times the way back (fused's scatter: one split copy of the buffer into the
+64 runs) and the per-block digests of those blocks, torch's path against the Triton kernel
+(the two must agree).
 """
 
 from __future__ import annotations
@@ -134,8 +138,34 @@ def main():
             moved = nbytes if name != "64 one-block copies" else 64 * BS * HEADS * HEAD * 2
             print(f"{name:24s} -> {label:18s} {ms:7.3f} ms (wall {wall:6.3f}) {moved / ms / 1e6:7.0f} GB/s "
                   f"{base_ms / ms * moved / nbytes:5.2f} of ceiling")
+    if not args.peer:
+        scatter_and_digests(local, kv, first, nbytes, base_ms)
     done.set()
     p.join()
+
+
+def scatter_and_digests(buf, kv_layers, first, nbytes, base_ms):
+    from transfer_strategies.digests import BlockDigests
+    from transfer_strategies.kv_blocks import KVBlocks
+
+    parts = [t[kvi] for t in kv_layers for kvi in range(2)]
+    flat = buf[:nbytes].view(torch.bfloat16).view(LAYERS * 2 * BLOCKS, BS, HEADS, HEAD)
+    runs = [x.narrow(0, first, BLOCKS) for x in parts]
+    ms, wall = timed(lambda: torch.split_with_sizes_copy(flat, [BLOCKS] * len(runs), out=runs))
+    print(f"{'split copy into 64 runs':24s} <- {'local':18s} {ms:7.3f} ms (wall {wall:6.3f}) "
+          f"{nbytes / ms / 1e6:7.0f} GB/s {base_ms / ms:5.2f} of ceiling")
+    kv = KVBlocks({f"layer.{i}": t for i, t in enumerate(kv_layers)}, NB)
+    ids = list(range(first, first + BLOCKS))
+    scattered = ids[::2] + ids[1::2]
+    for label, block_ids in [("one run", ids), ("scattered", scattered)]:
+        by_path = {}
+        for path, kernel in [("torch", False), ("triton", True)]:
+            digests = BlockDigests(kv, kernel=kernel)
+            by_path[path] = digests(block_ids)
+            ms, wall = timed(lambda d=digests, b=block_ids: d(b))
+            print(f"digests of 1 GiB, {label:9s} {path:6s} {ms:7.3f} ms (wall {wall:6.3f}) "
+                  f"{nbytes / ms / 1e6:7.0f} GB/s read")
+        print(f"digests of 1 GiB, {label:9s} torch == triton: {by_path['torch'] == by_path['triton']}")
 
 
 if __name__ == "__main__":

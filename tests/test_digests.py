@@ -79,3 +79,23 @@ def test_scattered_blocks_are_digested_as_each_block_alone(block_dim):
     digest = BlockDigests(kv)
     ids = [30, 2, 17, 5, 25, 9, 11, 0, 14]  # nine runs of one block
     assert digest(ids) == [digest([b])[0] for b in ids]
+
+
+@pytest.mark.parametrize("block_dim", [0, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_cuda_kernel_gives_the_torch_digests(block_dim, dtype, monkeypatch):
+    """digest_kernel.py (CUDA's path) run by Triton's interpreter on CPU: the same digests as the
+    torch path, for runs and scattered ids, words not a multiple of its chunk, and large values."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import importlib
+
+    import transfer_strategies.digest_kernel as digest_kernel
+    importlib.reload(digest_kernel)  # decorated again, for the interpreter
+    kv = make_kv(block_dim)
+    kv = KVBlocks({n: (t * 1e6).to(dtype) for n, t in zip(kv.names, kv.layers)}, NUM_BLOCKS)
+    for ids in ([3, 4, 5, 20, 21, 9, 0], [7], list(range(NUM_BLOCKS))):
+        assert BlockDigests(kv, kernel=True)(ids) == BlockDigests(kv, kernel=False)(ids)
+    wide = KVBlocks({"l": (torch.randn(6, 2, 2100) * 1e6).to(dtype)}, 6)  # more words than a chunk
+    assert BlockDigests(wide, kernel=True)([5, 0, 1]) == BlockDigests(wide, kernel=False)([5, 0, 1])
+    monkeypatch.delenv("TRITON_INTERPRET")
+    importlib.reload(digest_kernel)

@@ -4,8 +4,9 @@ Each side computes one 64-bit checksum per block straight from its own KV cache 
 a strategy's copy code), over that block's bytes in every layer: the bytes read as 32-bit
 words, each times an odd weight that depends on its position and its piece of KV (mod 2^32:
 multiplying by an odd number loses no bit), summed in int64. Any changed bit, and any two
-blocks or words swapped, changes the sum. One read of the KV and one pass over the products:
-the digest sits on the critical path of both engines' steps.
+blocks or words swapped, changes the sum. The digest sits on the critical path of both engines'
+steps: on CUDA one Triton kernel per piece reads each block once (digest_kernel.py); elsewhere
+torch multiplies and sums.
 """
 
 from __future__ import annotations
@@ -18,18 +19,34 @@ from transfer_strategies.kv_blocks import KVBlocks, few_runs, packed_runs
 
 
 class BlockDigests:
-    def __init__(self, kv: KVBlocks):
+    def __init__(self, kv: KVBlocks, kernel: bool | None = None):
+        """kernel: use digest_kernel.py (default: on CUDA, when the pieces are contiguous)."""
         self.kv = kv
         self._weights: dict[tuple[int, int], torch.Tensor] = {}
+        if kernel is None:
+            kernel = kv.device.type == "cuda" and kv.contiguous
+        self.kernel = None
+        if kernel:
+            from transfer_strategies.digest_kernel import add_block_sums
+            self.kernel = add_block_sums
 
     def __call__(self, block_ids: Sequence[int]) -> list[str]:
         if not block_ids:
             return []
         total = torch.zeros(len(block_ids), dtype=torch.int64, device=self.kv.device)
+        if self.kernel is not None:
+            ids = torch.tensor(list(block_ids), dtype=torch.int64, device=self.kv.device)
+            for k, piece in enumerate(self.kv.pieces(range(self.kv.n_layers))):
+                self.kernel(total, piece, ids, k)
+            return self._hex(total)
         for k, words in enumerate(self._block_words(block_ids)):
             for at, w in words:  # at: where these blocks sit in block_ids; w: [blocks, words] int32
                 h = torch.mul(w, self._weights_for(w.shape[1], k)).sum(dim=1, dtype=torch.int64)
                 total[at:at + w.shape[0]] += h
+        return self._hex(total)
+
+    @staticmethod
+    def _hex(total: torch.Tensor) -> list[str]:
         return [format(int(x) & (2**64 - 1), "016x") for x in total.cpu().tolist()]
 
     def _block_words(self, block_ids: Sequence[int]) -> Iterator[list[tuple[int, torch.Tensor]]]:
