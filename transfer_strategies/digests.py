@@ -5,7 +5,7 @@ a strategy's copy code), over that block's bytes in every layer: the bytes read 
 words, each times an odd weight that depends on its position and its piece of KV (mod 2^32:
 multiplying by an odd number loses no bit), summed in int64. Any changed bit, and any two
 blocks or words swapped, changes the sum. The digest sits on the critical path of both engines'
-steps: on CUDA one Triton kernel per piece reads each block once (digest_kernel.py); elsewhere
+steps: on CUDA one Triton kernel reads each block once (digest_kernel.py); elsewhere
 torch multiplies and sums.
 """
 
@@ -23,12 +23,14 @@ class BlockDigests:
         """kernel: use digest_kernel.py (default: on CUDA, when the pieces are contiguous)."""
         self.kv = kv
         self._weights: dict[tuple[int, int], torch.Tensor] = {}
-        if kernel is None:
-            kernel = kv.device.type == "cuda" and kv.contiguous
         self.kernel = None
-        if kernel:
-            from transfer_strategies.digest_kernel import add_block_sums
-            self.kernel = add_block_sums
+        if kernel or (kernel is None and kv.device.type == "cuda" and kv.contiguous):
+            from transfer_strategies.digest_kernel import DigestKernel
+            try:
+                self.kernel = DigestKernel(kv.pieces(range(kv.n_layers)))
+            except ValueError:
+                if kernel:
+                    raise
 
     def __call__(self, block_ids: Sequence[int]) -> list[str]:
         if not block_ids:
@@ -36,8 +38,7 @@ class BlockDigests:
         total = torch.zeros(len(block_ids), dtype=torch.int64, device=self.kv.device)
         if self.kernel is not None:
             ids = torch.tensor(list(block_ids), dtype=torch.int64, device=self.kv.device)
-            for k, piece in enumerate(self.kv.pieces(range(self.kv.n_layers))):
-                self.kernel(total, piece, ids, k)
+            self.kernel.add_to(total, ids)
             return self._hex(total)
         for k, words in enumerate(self._block_words(block_ids)):
             for at, w in words:  # at: where these blocks sit in block_ids; w: [blocks, words] int32
