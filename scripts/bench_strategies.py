@@ -198,7 +198,8 @@ def strategy_rows(requests: pd.DataFrame, labels: list[str], ceiling: float) -> 
                 gbps = row[f"gbps{end}"]
                 row[f"ceiling_share{end}"] = gbps / ceiling if gbps else None
             row["match_rate"] = float(g["match"].map(_true).mean())
-            row["digest_ok"] = bool(g["digest_match"].map(_true).all())
+            checked = g["digest_match"].dropna()  # no value: digests off (check.digests=false)
+            row["digest_ok"] = bool(checked.map(_true).all()) if len(checked) else None
             rows.append(row)
     return rows
 
@@ -225,8 +226,15 @@ def strategy_table(rows: list[dict]) -> str:
                Column("prefill TTFT overhead", overhead("prefill_ttft_overhead_ms")),
                Column("overhead parts, mean ms", overhead_parts),
                Column("match", lambda r: f"{r['match_rate']:.0%}"),
-               Column("digests", lambda r: "ok" if r["digest_ok"] else "FAIL")]
+               Column("digests", digests_cell)]
     return format_table(rows, columns, markdown=True)
+
+
+def digests_cell(r: dict) -> str:
+    ok = r.get("digest_ok")
+    if ok is None or ok != ok:  # None, or NaN read back from rows.csv
+        return "off"
+    return "ok" if ok else "FAIL"
 
 
 def overhead_parts(r: dict) -> str:

@@ -79,3 +79,12 @@ def test_benchmark_table_medians_come_back_from_its_runs(out):
     for c in compared:
         for want, got in zip(merged[c], merged[f"{c}_loaded"], strict=True):
             assert math.isclose(want, got, rel_tol=1e-9), (c, want, got)
+
+
+def test_a_benchmark_without_digests_says_off_not_failed():
+    runs = ROOT / "results" / "gpu" / "session6"
+    off = bench.strategy_rows(load_requests(runs / "ttft-nodigests"), ["fused"], ceiling=1.0)
+    on = bench.strategy_rows(load_requests(runs / "ttft-early"), ["fused"], ceiling=1.0)
+    assert [bench.digests_cell(r) for r in off] == ["off", "off"]
+    assert [bench.digests_cell(r) for r in on] == ["ok"] * 3
+    assert bench.digests_cell({"digest_ok": False}) == "FAIL"
