@@ -103,6 +103,10 @@ def load_requests(*paths: str | Path, with_tokens: bool = False) -> pd.DataFrame
         extra = [c for c in df.columns if c not in field_names(RequestRow)]
         df = df.reindex(columns=field_names(RequestRow) + extra)
         df["schema_version"] = df["schema_version"].fillna(UNVERSIONED).astype(int)
+        # version-3 rows written before after_forward_ms was: the same from their timeline
+        ms = {c: pd.to_numeric(df[c], errors="coerce") for c in ("after_forward_ms", "t_first_token_ms",
+                                                                  "t_forward_done_ms")}
+        df["after_forward_ms"] = ms["after_forward_ms"].fillna(ms["t_first_token_ms"] - ms["t_forward_done_ms"])
         if not with_tokens:
             df = df.drop(columns=["token_ids", "base_token_ids"])
         for k, v in _run_columns(run).items():

@@ -284,9 +284,11 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
     transfer_ms = sent("gpu_ms") if sent("gpu_ms") is not None else received("transfer_ms")
     n_bytes = sent("bytes")
     t = timeline(t0, pre, dec, send, recv)
-    kv_ms = None
-    if t["t_kv_ready_ms"] is not None and t["t_forward_done_ms"] is not None:
-        kv_ms = t["t_kv_ready_ms"] - t["t_forward_done_ms"]
+    kv_ms = after_forward_ms = None
+    if t["t_forward_done_ms"] is not None:
+        if t["t_kv_ready_ms"] is not None:
+            kv_ms = t["t_kv_ready_ms"] - t["t_forward_done_ms"]
+        after_forward_ms = t["t_first_token_ms"] - t["t_forward_done_ms"]
     # submitted early with nothing to load (all in the decode engine's prefix cache): not parked
     gated = not (decode_submit(cfg) == "early" and recv is not None and recv.blocks == recv.skip_blocks)
     error = received("error")
@@ -304,6 +306,7 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
         bytes=n_bytes, messages=sent("messages"), blocks=sent("blocks"), kv_cache_bytes=sent("kv_cache_bytes"),
         skip_blocks=received("skip_blocks"), send_ms=sent("send_ms"), gpu_ms=sent("gpu_ms"),
         transfer_ms=transfer_ms, transfer_host_ms=received("transfer_ms"), kv_ms=kv_ms,
+        after_forward_ms=after_forward_ms,
         load_ms=received("load_ms"), ready_ms=received("ready_ms"), notify_ms=received("notify_ms"),
         gbps=n_bytes / transfer_ms / 1e6 if n_bytes and transfer_ms else None,
         **t, **ttft_overhead_parts(t, base["ttft_ms"], kv_gates_first_token=gated),

@@ -71,6 +71,9 @@ class RequestRow:
     transfer_ms: float | None
     transfer_host_ms: float | None
     kv_ms: float | None  # forward pass done -> KV in the decode engine's blocks (t_kv_ready - t_forward_done)
+    # forward pass done -> the decode engine's first token (t_first_token - t_forward_done): what the
+    # P/D path adds after the prefill's forward pass, free of that pass's own run-to-run spread
+    after_forward_ms: float | None
     load_ms: float | None
     ready_ms: float | None
     notify_ms: float | None
@@ -106,8 +109,8 @@ class RequestRow:
 
 # Request fields that summary.json reports as <field>_p50, <field>_p90 and the p50's interval
 SUMMARY_METRICS = ["base_ttft_ms", "base_e2e_ms", "ttft_ms", "prefill_ttft_ms", "e2e_ms", "ttft_overhead_ms",
-                   "prefill_ttft_overhead_ms", "transfer_ms", "kv_ms", "gpu_ms", "notify_ms", "send_ms", "load_ms",
-                   "bytes", "messages", "gbps"]
+                   "prefill_ttft_overhead_ms", "transfer_ms", "kv_ms", "after_forward_ms", "gpu_ms", "notify_ms",
+                   "send_ms", "load_ms", "bytes", "messages", "gbps"]
 # The TTFT overhead's parts along the KV's critical path, each with the timeline event that ends it
 # (harness/run.py ttft_overhead_parts); rows hold them as overhead_<part>_ms, and summary.json
 # gives their means (which add up to the mean overhead)

@@ -61,6 +61,9 @@ def argument_parser() -> argparse.ArgumentParser:
                     help="prefill on GPU 0, decode on GPU 1; the ceiling is a GPU 0 -> GPU 1 peer copy")
     ap.add_argument("--out", default=None)
     ap.add_argument("--replot", default=None, metavar="DIR", help="only redraw DIR/figure.png from DIR/rows.csv")
+    ap.add_argument("--retable", default=None, metavar="DIR",
+                    help="only write DIR's table.md, rows.csv and figure.png again from its runs' records "
+                         "(after the table gained a column), with the ceiling measured when it ran")
     ap.add_argument("overrides", nargs="*", help="harness overrides, after --")
     return ap
 
@@ -69,6 +72,13 @@ def main() -> int:
     args = argument_parser().parse_args()
     if args.replot:
         plot(Path(args.replot))
+        return 0
+    if args.retable:
+        out = Path(args.retable)
+        before = pd.read_csv(out / "rows.csv")
+        labels = [s for s in dict.fromkeys(before["strategy"]) if (out / s).is_dir()]
+        ceiling = float((before["gbps"] / before["ceiling_share"]).dropna().median())
+        print(write_tables(out, labels, ceiling, (out / "table.md").read_text().splitlines()[0]))
         return 0
     plan = Plan.compose(args.experiment, args.overrides, args.two_gpus)  # bad input stops here, before any run
     lengths = plan.lengths
@@ -102,17 +112,21 @@ def main() -> int:
     ceiling = max(ceiling_before, ceiling_after)
     print(f"copy ceiling after: {ceiling_after:.2f} GB/s", flush=True)
 
-    labels = [label for label, _, _ in plan.runs]
-    rows = strategy_rows(load_requests(*(out / s for s in labels if (out / s).is_dir())), labels, ceiling)
     title = (f"ceiling ({ceiling_of}, same run): {ceiling:.2f} GB/s "
              f"(before {ceiling_before:.2f}, after {ceiling_after:.2f})")
+    print(write_tables(out, [label for label, _, _ in plan.runs], ceiling, title))
+    print(f"\nwritten: {out / 'table.md'}, {out / 'rows.csv'}, {out / 'figure.png'}")
+    return 0 if all(c == 0 for c in codes) else 1
+
+
+def write_tables(out: Path, labels: list[str], ceiling: float, title: str) -> str:
+    """table.md, rows.csv and figure.png in out from the records of its runs (one per label)."""
+    rows = strategy_rows(load_requests(*(out / s for s in labels if (out / s).is_dir())), labels, ceiling)
     table = f"{title}\n\n{strategy_table(rows)}\n\n{INTERVAL_NOTE}"
     (out / "table.md").write_text(table + "\n")
     pd.DataFrame(rows, columns=CSV_COLUMNS).to_csv(out / "rows.csv", index=False)
-    print(table)
     plot(out, title=title)
-    print(f"\nwritten: {out / 'table.md'}, {out / 'rows.csv'}, {out / 'figure.png'}")
-    return 0 if all(c == 0 for c in codes) else 1
+    return table
 
 
 class Plan:
@@ -168,12 +182,13 @@ class Plan:
 
 
 # Per strategy and prompt length: the median of the requests, with its bootstrap interval
-MEDIANS = ["bytes", "messages", "transfer_ms", "transfer_host_ms", "gbps", "notify_ms", "ready_ms", "kv_ms", "ttft_ms",
-           "base_ttft_ms", "ttft_overhead_ms", "prefill_ttft_overhead_ms"]
+MEDIANS = ["bytes", "messages", "transfer_ms", "transfer_host_ms", "gbps", "notify_ms", "ready_ms", "kv_ms",
+           "after_forward_ms", "ttft_ms", "base_ttft_ms", "ttft_overhead_ms", "prefill_ttft_overhead_ms"]
 # ... and the means of the TTFT overhead's parts (they add up to the mean overhead)
 CSV_COLUMNS = (["strategy", "prompt_len", "bytes", "messages", "transfer_ms", "transfer_host_ms", "gbps",
-                "ceiling_share", "notify_ms", "ready_ms", "kv_ms", "ttft_ms", "base_ttft_ms", "ttft_overhead_ms",
-                "prefill_ttft_overhead_ms", "match_rate", "digest_ok", "overhead_mean_ms", *OVERHEAD_PARTS]
+                "ceiling_share", "notify_ms", "ready_ms", "kv_ms", "after_forward_ms", "ttft_ms", "base_ttft_ms",
+                "ttft_overhead_ms", "prefill_ttft_overhead_ms", "match_rate", "digest_ok", "overhead_mean_ms",
+                *OVERHEAD_PARTS]
                + [f"{k}_{end}" for k in [*MEDIANS, "ceiling_share"] for end in ("lo", "hi")])
 INTERVAL_NOTE = ("Each value is the median of that strategy's requests of that length; [lo, hi] is its 95% bootstrap "
                  "interval (1000 resamples, harness/stats.py), shown where the requests differ.")
@@ -220,6 +235,7 @@ def strategy_table(rows: list[dict]) -> str:
                Column("host clock ms", "transfer_host_ms", ".3f", True), Column("GB/s", "gbps", ".2f", True),
                Column("of ceiling", "ceiling_share", ".2f", True), Column("notify ms", "notify_ms", ".3f", True),
                Column("KV ready ms", "ready_ms", ".3f", True), Column("KV e2e ms", "kv_ms", ".3f", True),
+               Column("after forward ms", "after_forward_ms", ".1f", True),
                Column("TTFT ms", "ttft_ms", ".1f", True),
                Column("baseline TTFT ms", "base_ttft_ms", ".1f", True),
                Column("TTFT overhead", overhead("ttft_overhead_ms")),

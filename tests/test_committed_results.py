@@ -88,3 +88,30 @@ def test_a_benchmark_without_digests_says_off_not_failed():
     assert [bench.digests_cell(r) for r in off] == ["off", "off"]
     assert [bench.digests_cell(r) for r in on] == ["ok"] * 3
     assert bench.digests_cell({"digest_ok": False}) == "FAIL"
+
+
+def test_runs_recorded_before_after_forward_ms_get_it_from_their_timeline():
+    df = load_requests(ROOT / "results" / "gpu" / "session6" / "ttft-early" / "fused")
+    assert "after_forward_ms" not in (ROOT / "results" / "gpu" / "session6" / "ttft-early" / "fused" /
+                                      "requests.jsonl").read_text()
+    assert ((df["after_forward_ms"] - (df["t_first_token_ms"] - df["t_forward_done_ms"])).abs() < 1e-9).all()
+    v1 = load_requests(ROOT / "results" / "cpu")
+    assert v1["after_forward_ms"].isna().eq(v1["t_forward_done_ms"].isna()).all()
+
+
+def test_retable_writes_a_benchmarks_tables_again_from_its_runs(tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    out = tmp_path / "bench"
+    shutil.copytree(ROOT / "results" / "gpu" / "session6" / "ttft-nodigests", out)
+    (out / "table.md").write_text((out / "table.md").read_text().splitlines()[0] + "\n")
+    (out / "figure.png").unlink()
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_strategies.py"), "--retable", str(out)],
+                   check=True, capture_output=True)
+    table = (out / "table.md").read_text()
+    assert "after forward ms" in table and table.count("| fused |") == 2 and "| off |" in table
+    assert (out / "figure.png").exists()
+    committed = pd.read_csv(ROOT / "results" / "gpu" / "session6" / "ttft-nodigests" / "rows.csv")
+    pd.testing.assert_frame_equal(pd.read_csv(out / "rows.csv"), committed)
