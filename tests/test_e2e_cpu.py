@@ -132,7 +132,9 @@ def test_the_decode_request_went_early_and_waited_for_its_kv_in_vllm(strategy_ru
         assert t["decode_scheduled"] < t["first_token"]
         if "layerwise" not in strategy_run.case:  # layerwise's KV may be in before the forward pass is done
             assert r["kv_ms"] > 0
-        assert r["after_forward_ms"] == t["first_token"] - t["forward_done"] > r["kv_ms"]
+        assert r["after_forward_ms"] == t["first_token"] - t["forward_done"]
+        if r["blocks"] > r["skip_blocks"]:  # a one-token prompt sends no block: its decode need not wait for the KV
+            assert r["after_forward_ms"] > r["kv_ms"]
         if not early:  # the hand-off: the decode request follows the prefill's answer, its load its step
             assert t["decode_submitted"] >= t["prefill_token"] and t["load_start"] >= t["decode_scheduled"]
         elif r["blocks"] > r["skip_blocks"]:  # parked in vLLM until the KV was in its blocks
