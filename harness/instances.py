@@ -1,0 +1,143 @@
+"""OpenAI-compatible `vllm serve` instances, each its own process group: the serving runner's
+baseline, prefill and decode engines (issue 13), with the same engine arguments and connector
+configuration as the offline runner's engines (run.engine_args, run.transfer_config).
+
+    with ServeInstance("decode", args, env, run_dir / "decode.log") as decode:
+        decode.wait_healthy(timeout_s=300)
+        ... decode.url ...
+
+An instance stops with its process group on every exit path: `stop()` (SIGTERM, then SIGKILL
+after a grace period), the context manager, and the harness's own death (the API server gets
+SIGKILL when the process that started it dies: PR_SET_PDEATHSIG; vLLM's engine core exits when
+its API server does).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from harness.run import free_port
+
+# engine_args keys that are not vllm serve flags, or that serving must not take as they are
+_NOT_FLAGS = {"model", "disable_log_stats"}  # model is positional; stats feed /metrics (KV usage)
+
+
+def serve_command(args: dict, port: int) -> list[str]:
+    """`vllm serve` for engine arguments as run.engine_args gives them (plus kv_transfer_config)."""
+    cmd = [sys.executable, "-m", "harness.vllm_cli", "serve", str(args["model"]),
+           "--host", "127.0.0.1", "--port", str(port)]
+    for key, value in args.items():
+        if key in _NOT_FLAGS or value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):  # vLLM's engine flags are --x / --no-x pairs
+            cmd.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, dict):
+            cmd += [flag, json.dumps(value)]
+        else:
+            cmd += [flag, str(value)]
+    return cmd
+
+
+def _die_with_parent() -> None:
+    os.setsid()  # a process group of its own: stop() signals the API server and its engine core together
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+class InstanceDied(RuntimeError):
+    pass
+
+
+class ServeInstance:
+    def __init__(self, name: str, args: dict, env: dict, log_path: Path, port: int | None = None):
+        self.name = name
+        self.port = port or free_port()
+        self.cmd = serve_command(args, self.port)
+        self.env = {**os.environ, **env}
+        self.env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the API server needs its engine core process
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> ServeInstance:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(self.cmd)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=self.env, preexec_fn=_die_with_parent)
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def failure_message(self) -> str:
+        tail = self.log_path.read_text(errors="replace").strip().splitlines()[-15:] if self.log_path.exists() else []
+        code = self.proc.poll() if self.proc else None
+        return f"instance {self.name} ({self.url}) exited with {code}; last lines of {self.log_path}:\n" + \
+            "\n".join(tail)
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            return False
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        """Until /health answers; InstanceDied if the process exits first or the time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise InstanceDied(self.failure_message())
+            if self.healthy():
+                return
+            time.sleep(0.5)
+        raise InstanceDied(f"instance {self.name} ({self.url}) not healthy within {timeout_s:.0f} s; "
+                           f"log: {self.log_path}")
+
+    def metric(self, name: str) -> float | None:
+        """One Prometheus gauge from /metrics (summed over its label sets), e.g. vllm:kv_cache_usage_perc."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+        values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                  if line.startswith(name) and line[len(name)] in "{ "]
+        return sum(values) if values else None
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """SIGTERM to the group (vLLM shuts down cleanly), then SIGKILL until none of it is left:
+        the engine core can outlive its API server, also when the server died by itself."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(grace_s)
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                return
+            self.proc.poll()  # reaps the server, whose zombie would keep the group alive
+            time.sleep(0.05)
+
+    def __enter__(self) -> ServeInstance:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
