@@ -23,7 +23,10 @@ OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), repla
 def main(cfg: DictConfig) -> int:
     from pathlib import Path
 
-    from harness.run import run
+    if cfg.runner.name == "serve":
+        from harness.serve import run
+    else:
+        from harness.run import run
 
     hc = HydraConfig.get()
     if hc.mode == RunMode.RUN:

@@ -1,8 +1,9 @@
-"""OpenAI-compatible `vllm serve` instances, each its own process group: the serving runner's
-baseline, prefill and decode engines (issue 13), with the same engine arguments and connector
-configuration as the offline runner's engines (run.engine_args, run.transfer_config).
+"""The serving runner's HTTP servers, each its own process group: OpenAI-compatible `vllm serve`
+instances (baseline, prefill, decode), with the same engine arguments and connector
+configuration as the offline runner's engines (run.engine_args, run.transfer_config), and the
+router in front of them (harness/router.py).
 
-    with ServeInstance("decode", args, env, run_dir / "decode.log") as decode:
+    with vllm_instance("decode", args, env, run_dir / "decode.log") as decode:
         decode.wait_healthy(timeout_s=300)
         ... decode.url ...
 
@@ -26,6 +27,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from harness.records import PROJECT_ROOT
 from harness.run import free_port
 
 # engine_args keys that are not vllm serve flags, or that serving must not take as they are
@@ -58,13 +60,12 @@ class InstanceDied(RuntimeError):
     pass
 
 
-class ServeInstance:
-    def __init__(self, name: str, args: dict, env: dict, log_path: Path, port: int | None = None):
-        self.name = name
-        self.port = port or free_port()
-        self.cmd = serve_command(args, self.port)
+class ServerProcess:
+    """One HTTP server (`cmd` listens on `port`, answers GET /health) in a process group of its own."""
+
+    def __init__(self, name: str, cmd: list[str], env: dict, log_path: Path, port: int):
+        self.name, self.cmd, self.port = name, cmd, port
         self.env = {**os.environ, **env}
-        self.env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the API server needs its engine core process
         self.log_path = Path(log_path)
         self.proc: subprocess.Popen | None = None
 
@@ -72,7 +73,7 @@ class ServeInstance:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> ServeInstance:
+    def start(self) -> ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             log.write(f"$ {' '.join(self.cmd)}\n".encode())
@@ -136,8 +137,27 @@ class ServeInstance:
             self.proc.poll()  # reaps the server, whose zombie would keep the group alive
             time.sleep(0.05)
 
-    def __enter__(self) -> ServeInstance:
+    def __enter__(self) -> ServerProcess:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def vllm_instance(name: str, args: dict, env: dict, log_path: Path) -> ServerProcess:
+    port = free_port()
+    server = ServerProcess(name, serve_command(args, port), env, log_path, port)
+    server.env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the API server needs its engine core process
+    return server
+
+
+def router_process(name: str, prefill: list[str], decode: list[str], log_path: Path, *options: str) -> ServerProcess:
+    """`python -m harness.router` in front of the instances at these URLs (no prefill: a plain
+    load balancer over `decode`, for colocated instances)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "harness.router", "--port", str(port), *options]
+    for url in prefill:
+        cmd += ["--prefill", url]
+    for url in decode:
+        cmd += ["--decode", url]
+    return ServerProcess(name, cmd, {"PYTHONPATH": str(PROJECT_ROOT)}, log_path, port)

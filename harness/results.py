@@ -18,7 +18,7 @@ import pandas as pd
 from omegaconf import OmegaConf
 
 from harness.records import read_jsonl
-from harness.schema import UNVERSIONED, RequestRow, field_names
+from harness.schema import UNVERSIONED, RequestRow, ServeRow, field_names
 
 VERSION_COLUMNS = ["vllm", "torch", "python", "device_name", "git_sha"]
 RUN_FILES = ("summary.json", "requests.jsonl")
@@ -93,15 +93,25 @@ def _run_columns(run: Path) -> dict:
 
 def load_requests(*paths: str | Path, with_tokens: bool = False) -> pd.DataFrame:
     """Every request of every run, with the run's versions and config. Token id lists only if
-    with_tokens. Every RequestRow field is a column (NaN where a version-1 row lacks it)."""
+    with_tokens. Every RequestRow field is a column (NaN where a version-1 row lacks it); a
+    runner=serve run gives its ServeRow rows, the baseline's among them (column `path`)."""
     frames = []
     for run in find_runs(*paths):
-        rows = read_jsonl(run / "requests.jsonl")
+        serve = _meta(run).get("runner") == "serve"
+        # runner=serve: every path's requests (column `path`: disagg, baseline, baseline_repeat)
+        rows = read_jsonl(run / "requests.jsonl") + (read_jsonl(run / "baseline.jsonl") if serve else [])
         if not rows:
             continue
         df = pd.DataFrame(rows)
-        extra = [c for c in df.columns if c not in field_names(RequestRow)]
-        df = df.reindex(columns=field_names(RequestRow) + extra)
+        names = field_names(ServeRow if serve else RequestRow)
+        df = df.reindex(columns=names + [c for c in df.columns if c not in names])
+        if serve:
+            if not with_tokens:
+                df = df.drop(columns=["token_ids"])
+            for k, v in _run_columns(run).items():
+                df[k] = [v] * len(df)
+            frames.append(df)
+            continue
         df["schema_version"] = df["schema_version"].fillna(UNVERSIONED).astype(int)
         # version-3 rows written before after_forward_ms was: the same from their timeline
         ms = {c: pd.to_numeric(df[c], errors="coerce") for c in ("after_forward_ms", "t_first_token_ms",

@@ -12,7 +12,11 @@ is the connectors' business; the router only carries what ties the two requests 
 - pull (vLLM's NixlConnector): the prefill request asks the instance to keep the KV for a remote
   decode (do_remote_decode); its answer's kv_transfer_params go with the decode request.
 With several instances per side it picks by round robin or by fewest outstanding requests.
-If the client goes away, the upstream requests are closed, which aborts them in vLLM.
+Without prefill instances it is a plain load balancer over the others (colocated instances
+behind the same proxy, so that a comparison with P/D pays the same hop).
+A client's X-Request-Id header becomes the transfer id (the connectors' records carry it), and
+the answer says which one it was in X-Transfer-Id. If the client goes away, the upstream
+requests are closed, which aborts them in vLLM.
 """
 
 from __future__ import annotations
@@ -58,7 +62,8 @@ class Router:
             raise ValueError(f"unknown decode_submit {decode_submit!r}: early or after_prefill")
         if handoff == "pull" and decode_submit == "early":
             raise ValueError("a pull handoff needs the prefill's answer first: decode_submit=after_prefill")
-        self.prefill, self.decode = Pool(prefill, policy), Pool(decode, policy)
+        self.prefill = Pool(prefill, policy) if prefill else None
+        self.decode = Pool(decode, policy)
         self.handoff, self.decode_submit = handoff, decode_submit
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.session: aiohttp.ClientSession | None = None
@@ -96,15 +101,18 @@ class Router:
     # ------------------------------------------------------------ HTTP
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        transfer_id = f"router-{uuid.uuid4().hex}"
-        p_url, d_url = self.prefill.pick(), self.decode.pick()
+        transfer_id = request.headers.get("X-Request-Id") or f"router-{uuid.uuid4().hex}"
+        d_url = self.decode.pick()
+        if self.prefill is None:  # colocated: one instance does both
+            return await self._relay_decode(request, d_url, body, transfer_id)
+        p_url = self.prefill.pick()
         prefill = asyncio.ensure_future(self._prefill(p_url, request.path, self.prefill_body(body, transfer_id)))
         try:
             answer = None
             if self.decode_submit == "after_prefill":
                 answer = await prefill
-            decode = asyncio.ensure_future(self._relay_decode(request, d_url,
-                                                              self.decode_body(body, transfer_id, answer)))
+            decode = asyncio.ensure_future(self._relay_decode(
+                request, d_url, self.decode_body(body, transfer_id, answer), transfer_id))
             try:
                 # a failed prefill ends the decode request at once (else it would wait, parked, for KV
                 # that never comes, until the connector's timeout)
@@ -121,15 +129,16 @@ class Router:
             if not prefill.done():  # the client went away, or the decode side failed: abort upstream
                 prefill.cancel()
 
-    async def _relay_decode(self, request: web.Request, url: str, body: dict):
+    async def _relay_decode(self, request: web.Request, url: str, body: dict, transfer_id: str):
         self.decode.outstanding[url] += 1
         try:
             async with self.session.post(url + request.path, json=body) as r:
                 if not body.get("stream"):
                     data = await r.read()
-                    return web.Response(body=data, status=r.status, content_type="application/json")
+                    return web.Response(body=data, status=r.status, content_type="application/json",
+                                        headers={"X-Transfer-Id": transfer_id})
                 out = web.StreamResponse(status=r.status, headers={"Content-Type": r.headers.get(
-                    "Content-Type", "text/event-stream")})
+                    "Content-Type", "text/event-stream"), "X-Transfer-Id": transfer_id})
                 await out.prepare(request)
                 async for chunk in r.content.iter_any():
                     await out.write(chunk)
@@ -141,7 +150,7 @@ class Router:
     async def health(self, request: web.Request) -> web.Response:
         """200 when every instance answers its /health."""
         bad = []
-        for url in [*self.prefill.urls, *self.decode.urls]:
+        for url in [*(self.prefill.urls if self.prefill else []), *self.decode.urls]:
             try:
                 async with self.session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
                     if r.status != 200:
@@ -173,7 +182,8 @@ class Router:
 def argument_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m harness.router", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prefill", action="append", required=True, metavar="URL", help="a prefill instance (repeat)")
+    ap.add_argument("--prefill", action="append", default=[], metavar="URL",
+                    help="a prefill instance (repeat); none: a plain load balancer over the --decode instances")
     ap.add_argument("--decode", action="append", required=True, metavar="URL", help="a decode instance (repeat)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)

@@ -176,6 +176,12 @@ class TransferStats:
         self.readers = [TransferRecordReader(p) for p in paths]
         self.records: dict[tuple[str, str], TransferRecord] = {}
 
+    def has_both(self, transfer_id: str) -> bool:
+        """Whether both sides' records of this transfer are in (reading what was appended)."""
+        for reader in self.readers:
+            self.records.update(((r.transfer_id, r.side), r) for r in reader.read_new())
+        return (transfer_id, "send") in self.records and (transfer_id, "receive") in self.records
+
     def take(self, transfer_id: str, side: str) -> TransferRecord | None:
         """The record of one transfer's side (None: the strategy writes none), handed out once."""
         if (transfer_id, side) not in self.records:

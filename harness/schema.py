@@ -4,6 +4,8 @@
     baseline.jsonl   BaselineRow, one per prompt of the colocated engine
     requests.jsonl   RequestRow, one per prompt of the disaggregated run
     *-transfers.jsonl  TransferRecord (transfer_strategies/records.py), one per transfer per side
+  runner=serve (harness/serve.py): baseline.jsonl and requests.jsonl hold ServeRow, one per
+  request of the load as the client saw it (requests.jsonl: the P/D path)
 
 Every row carries schema_version (SCHEMA_VERSION when written); rows of version 1 have none.
 results/README.md says what each version means.
@@ -16,8 +18,8 @@ from dataclasses import dataclass
 
 from transfer_strategies.records import SCHEMA_VERSION, UNVERSIONED, TransferRecord
 
-__all__ = ["SCHEMA_VERSION", "UNVERSIONED", "BaselineRow", "RequestRow", "TransferRecord", "SUMMARY_METRICS",
-           "CRITICAL_PATH", "OVERHEAD_PARTS", "field_names"]
+__all__ = ["SCHEMA_VERSION", "UNVERSIONED", "BaselineRow", "RequestRow", "ServeRow", "TransferRecord",
+           "SUMMARY_METRICS", "CRITICAL_PATH", "OVERHEAD_PARTS", "field_names"]
 
 
 @dataclass
@@ -101,6 +103,48 @@ class RequestRow:
     overhead_decode_ms: float | None
     token_ids: list[int]
     base_token_ids: list[int]
+    schema_version: int = SCHEMA_VERSION
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class ServeRow:
+    """One request of runner=serve's load, as the client saw it, checked against the baseline."""
+
+    run_id: str
+    strategy: str
+    model: str
+    workload: str
+    device: str
+    path: str  # disagg (requests.jsonl) | baseline | baseline_repeat (baseline.jsonl: the same load again)
+    request_idx: int  # its place in the arrival schedule (the same for every path)
+    prompt_idx: int
+    prompt_len: int
+    output_len: int
+    status: str  # ok | failed | cancelled (the client went away after the first token, on purpose)
+    error: str | None
+    request_rate: float  # requested (inf: all at once)
+    arrival_s: float  # when the schedule said to send it, from the start of the load
+    sent_s: float  # when it was sent (later than arrival_s when max_concurrency held it back)
+    ttft_ms: float | None
+    tpot_ms: float | None  # (e2e - ttft) / (output_len - 1)
+    e2e_ms: float | None
+    itl_ms: list[float]  # every gap between two output tokens
+    meets_slo: bool | None  # TTFT and TPOT within slo.ttft_ms and slo.tpot_ms (None: not ok)
+    # against the baseline's first pass, same request (None where either did not finish)
+    match: bool | None
+    first_divergence: int | None
+    max_logprob_diff: float | None
+    transfer_id: str | None
+    # from the connectors' records (this project's strategies, P/D path only)
+    digest_match: bool | None
+    transfer_error: str | None
+    bytes: int | None
+    transfer_ms: float | None
+    kv_ms: float | None
+    token_ids: list[int]
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:

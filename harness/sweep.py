@@ -16,7 +16,16 @@ COLUMNS = [Column(k) for k in ("job", "overrides", "status", "strategy", "model"
                                "match_rate", "digest_failures")]
 COLUMNS += [Column(k, interval=True) for k in ("ttft_ms_p50", "base_ttft_ms_p50", "e2e_ms_p50", "transfer_ms_p50")]
 COLUMNS += [Column("bytes_p50"), Column("transfer_gbps")]
-KEYS = [k for c in COLUMNS for k in ([c.key, f"{c.key}_lo", f"{c.key}_hi"] if c.interval else [c.key])]
+# runner=serve jobs: latency under load, goodput and correctness against the baseline's own noise
+SERVE_COLUMNS = [Column(k) for k in ("job", "overrides", "status", "strategy", "request_rate")]
+SERVE_COLUMNS += [Column("achieved", "achieved_rate", ".2f")]
+SERVE_COLUMNS += [Column(k, interval=True) for k in ("ttft_ms_p50", "base_ttft_ms_p50", "tpot_ms_p50",
+                                                     "base_tpot_ms_p50")]
+SERVE_COLUMNS += [Column(k, spec=".3g") for k in ("ttft_ms_p99", "goodput", "base_goodput", "slo_attainment",
+                                                   "match_rate", "baseline_self_match_rate", "digest_failures")]
+KEYS = list(dict.fromkeys(k for c in COLUMNS + SERVE_COLUMNS
+                          for k in ([c.key, f"{c.key}_lo", f"{c.key}_hi"] if c.interval else [c.key])))
+KEYS.append("runner")
 
 
 def sweep_rows(sweep_dir: Path) -> list[dict]:
@@ -37,7 +46,8 @@ def sweep_rows(sweep_dir: Path) -> list[dict]:
 
 
 def format_rows(rows: list[dict]) -> str:
-    return format_table(rows, COLUMNS, align="left")
+    serve = any(r.get("runner") == "serve" for r in rows)
+    return format_table(rows, SERVE_COLUMNS if serve else COLUMNS, align="left")
 
 
 class SweepSummary(Callback):

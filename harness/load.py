@@ -1,0 +1,206 @@
+"""The serving runner's load: when each request is sent (the arrival schedule) and what the
+client sees of it (every token's arrival time, the token ids and their log-probabilities).
+
+    schedule = arrival_schedule(spec, prompts)            # the same seed: the same schedule
+    results = asyncio.run(send_all(url, model, schedule, max_tokens=16, max_concurrency=None))
+
+Arrivals follow vLLM's `vllm bench serve`: gaps drawn from a gamma distribution with shape
+`burstiness` and mean 1/rate (burstiness 1 is Poisson, below 1 burstier, above 1 steadier),
+or constant gaps; rate inf sends everything at once. A maximum concurrency holds a request back
+until one in flight ends. Requests are streamed (/v1/completions with token ids in and out), so
+the client measures TTFT and every inter-token gap itself, as a user's client would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import numpy as np
+
+ARRIVALS = ("constant", "poisson", "gamma")
+
+
+class LoadError(ValueError):
+    pass
+
+
+@dataclass
+class LoadSpec:
+    request_rate: float  # requests per second; inf: all at once
+    arrivals: str = "poisson"
+    burstiness: float = 1.0
+    num_requests: int | None = 16
+    duration_s: float | None = None
+    max_concurrency: int | None = None
+    seed: int = 0
+    cancel_fraction: float = 0.0  # of requests the client abandons right after their first token
+
+    def check(self) -> None:
+        if not self.request_rate > 0:
+            raise LoadError(f"serve.request_rate must be > 0 (inf: all at once), got {self.request_rate}")
+        if self.arrivals not in ARRIVALS:
+            raise LoadError(f"serve.arrivals must be one of {', '.join(ARRIVALS)}, got {self.arrivals!r}")
+        if not self.burstiness > 0:
+            raise LoadError(f"serve.burstiness must be > 0, got {self.burstiness}")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise LoadError(f"serve.max_concurrency must be >= 1 (null: no limit), got {self.max_concurrency}")
+        if (self.num_requests is None) == (self.duration_s is None):
+            raise LoadError("give one of serve.num_requests and serve.duration_s (the other null)")
+        if self.num_requests is not None and self.num_requests < 1:
+            raise LoadError(f"serve.num_requests must be >= 1, got {self.num_requests}")
+        if self.duration_s is not None and not self.duration_s > 0:
+            raise LoadError(f"serve.duration_s must be > 0, got {self.duration_s}")
+        if self.duration_s is not None and math.isinf(self.request_rate):
+            raise LoadError("serve.duration_s needs a finite serve.request_rate (inf sends everything at once)")
+        if not 0 <= self.cancel_fraction < 1:
+            raise LoadError(f"serve.cancel_fraction must be in [0, 1), got {self.cancel_fraction}")
+
+
+@dataclass
+class ScheduledRequest:
+    index: int  # the request's place in the schedule
+    prompt_idx: int  # the workload prompt it sends (prompts are reused in order)
+    token_ids: list[int]
+    arrival_s: float  # when it is due, from the start of the load
+    cancel: bool = False  # the client goes away after the first token
+
+
+def arrival_schedule(spec: LoadSpec, prompts: list[list[int]]) -> list[ScheduledRequest]:
+    """Request i sends prompt i mod len(prompts) at its arrival time; seeded, so the baseline and
+    the P/D path get the same schedule."""
+    spec.check()
+    rng = np.random.default_rng(spec.seed)
+
+    def gap() -> float:
+        if math.isinf(spec.request_rate):
+            return 0.0
+        if spec.arrivals == "constant":
+            return 1.0 / spec.request_rate
+        shape = 1.0 if spec.arrivals == "poisson" else spec.burstiness
+        return float(rng.gamma(shape, 1.0 / (spec.request_rate * shape)))
+
+    times, t = [], 0.0
+    while True:
+        if spec.num_requests is not None and len(times) == spec.num_requests:
+            break
+        if spec.duration_s is not None and t >= spec.duration_s:
+            break
+        times.append(t)
+        t += gap()
+    cancel_rng = np.random.default_rng(spec.seed + 1)
+    cancels = cancel_rng.random(len(times)) < spec.cancel_fraction
+    return [ScheduledRequest(i, i % len(prompts), list(prompts[i % len(prompts)]), a, bool(c))
+            for i, (a, c) in enumerate(zip(times, cancels, strict=True))]
+
+
+@dataclass
+class ClientResult:
+    """One request as the client saw it; times in seconds on time.monotonic()."""
+
+    index: int
+    prompt_idx: int
+    prompt_len: int
+    arrival_s: float
+    t_sent: float
+    t_first: float | None = None
+    t_done: float | None = None
+    token_times: list[float] = field(default_factory=list)  # when each output token arrived
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    transfer_id: str | None = None
+    status: str = "ok"  # ok | failed | cancelled
+    error: str | None = None
+
+
+async def send_one(session: aiohttp.ClientSession, url: str, model: str, req: ScheduledRequest, max_tokens: int,
+                   request_id: str, t_start: float) -> ClientResult:
+    body = {"model": model, "prompt": req.token_ids, "max_tokens": max_tokens, "temperature": 0.0,
+            "ignore_eos": True, "stream": True, "logprobs": 1, "return_token_ids": True}
+    res = ClientResult(req.index, req.prompt_idx, len(req.token_ids), req.arrival_s, time.monotonic() - t_start)
+    t0 = time.monotonic()
+    try:
+        async with session.post(url + "/v1/completions", json=body, headers={"X-Request-Id": request_id}) as r:
+            res.transfer_id = r.headers.get("X-Transfer-Id")
+            if r.status != 200:
+                res.status, res.error = "failed", f"HTTP {r.status}: {(await r.text())[:300]}"
+                return res
+            async for line in r.content:  # one SSE line at a time
+                now = time.monotonic()
+                line = line.strip()
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("error"):
+                    res.status, res.error = "failed", str(chunk["error"])[:300]
+                    return res
+                choice = chunk["choices"][0]
+                ids = choice.get("token_ids") or []
+                if not ids:
+                    continue
+                res.token_ids += ids
+                res.logprobs += list((choice.get("logprobs") or {}).get("token_logprobs") or [None] * len(ids))
+                res.token_times += [now - t0] * len(ids)
+                if res.t_first is None:
+                    res.t_first = now - t0
+                    if req.cancel:
+                        res.status = "cancelled"
+                        return res  # leaving the context closes the connection: the router aborts upstream
+        res.t_done = time.monotonic() - t0
+        if len(res.token_ids) != max_tokens:
+            res.status, res.error = "failed", f"{len(res.token_ids)} tokens of {max_tokens}"
+    except asyncio.TimeoutError:
+        res.status, res.error = "failed", "timed out (run.request_timeout_s)"
+    except aiohttp.ClientError as e:
+        res.status, res.error = "failed", f"{type(e).__name__}: {e}"[:300]
+    return res
+
+
+async def send_all(url: str, model: str, schedule: list[ScheduledRequest], *, max_tokens: int,
+                   max_concurrency: int | None, timeout_s: float, id_prefix: str,
+                   on_result=None, watchdog=None) -> list[ClientResult]:
+    """Every request of the schedule, each at its arrival time (later if max_concurrency requests
+    are in flight). on_result(result) as each ends; watchdog() is awaited beside the load and
+    ends it by raising (an instance died)."""
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+    results: list[ClientResult] = []
+    t_start = time.monotonic()
+
+    async def one(session, req):
+        delay = t_start + req.arrival_s - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if limit is not None:
+            async with limit:
+                res = await send_one(session, url, model, req, max_tokens, f"{id_prefix}-{req.index}", t_start)
+        else:
+            res = await send_one(session, url, model, req, max_tokens, f"{id_prefix}-{req.index}", t_start)
+        results.append(res)
+        if on_result is not None:
+            on_result(res)
+
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+        load = asyncio.ensure_future(asyncio.gather(*(one(session, r) for r in schedule)))
+        guard = asyncio.ensure_future(watchdog()) if watchdog else None
+        try:
+            if guard is None:
+                await load
+            else:
+                await asyncio.wait({load, guard}, return_when=asyncio.FIRST_COMPLETED)
+                if guard.done():
+                    guard.result()  # raises what stopped the load
+                load.result()
+        finally:
+            for task in (load, guard):
+                if task is not None and not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):  # its end is not ours
+                        await task
+    return sorted(results, key=lambda r: r.index)
+

@@ -1,0 +1,323 @@
+"""runner=serve: the strategy under load, the way it is deployed (issue 13).
+
+    python -m harness runner=serve strategy=fused serve.request_rate=4 slo.ttft_ms=500
+
+    baseline instance -> router ---+                     the same arrival schedule (serve.seed),
+                                   +-- load generator -- sent to the baseline (twice: its own
+    prefill + decode  -> router ---+   (harness/load.py)  noise), then to the P/D router
+
+The baseline, prefill and decode engines are `vllm serve` instances (harness/instances.py) with
+the offline runner's engine arguments and connector configuration; both paths go through the
+project's router (harness/router.py), so that they pay the same proxy hop. With
+serve.endpoints.baseline and serve.endpoints.disagg it starts nothing and measures a deployment
+that is already running (no transfer records there).
+
+Every request of every path is checked: its output token ids against the baseline's for the
+same request, and on the P/D path the connectors' digests of its KV. Records: meta.json,
+baseline.jsonl and requests.jsonl (schema.ServeRow), summary.json (harness/serve_summary.py).
+Exit codes as the offline runner's: 0, 1 (outputs differ beyond the baseline's own noise, a
+digest or transfer failure, KV left held), 2 bad input, 3 an instance died, 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import queue
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from harness.checks import ConfigError, checked_inputs, decode_submit
+from harness.compare import compare_outputs
+from harness.instances import InstanceDied, ServerProcess, router_process, vllm_instance
+from harness.load import ClientResult, LoadError, LoadSpec, ScheduledRequest, arrival_schedule, send_all
+from harness.records import JsonlWriter, versions, write_json
+from harness.run import TransferStats, engine_args, engine_env, free_port, pulls, transfer_config
+from harness.schema import ServeRow
+from harness.serve_summary import format_serve_summary, serve_summary
+from harness.workload import WorkloadError
+from transfer_strategies.transport import remove_leftovers
+
+
+def load_spec(cfg: DictConfig) -> LoadSpec:
+    s = cfg.serve
+    return LoadSpec(request_rate=float(s.request_rate), arrivals=s.arrivals, burstiness=float(s.burstiness),
+                    num_requests=s.num_requests, duration_s=s.duration_s, max_concurrency=s.max_concurrency,
+                    seed=s.seed, cancel_fraction=float(s.cancel_fraction))
+
+
+def check_serve_inputs(cfg: DictConfig) -> None:
+    load_spec(cfg).check()
+    for key in ("ttft_ms", "tpot_ms"):
+        v = cfg.slo.get(key)
+        if v is not None and not v > 0:
+            raise LoadError(f"slo.{key} must be > 0 (null: no limit), got {v}")
+    ends = cfg.serve.endpoints
+    if (ends.baseline is None) != (ends.disagg is None):
+        raise LoadError("serve.endpoints needs both a baseline and a disagg URL (or neither: the harness "
+                        "starts its own instances)")
+    if ends.baseline is not None:
+        for name in ("baseline", "disagg"):
+            url = ends[name].rstrip("/")
+            try:
+                with urllib.request.urlopen(url + "/v1/models", timeout=10) as r:
+                    r.read()
+            except (urllib.error.URLError, OSError) as e:
+                raise LoadError(f"serve.endpoints.{name} {url} does not answer /v1/models ({e})") from None
+
+
+class Deployment:
+    """The instances and routers this run started (none with external endpoints), and the URLs
+    the load goes to."""
+
+    def __init__(self, cfg: DictConfig, device: str, run_dir: Path):
+        self.cfg, self.run_dir = cfg, run_dir
+        self.servers: dict[str, ServerProcess] = {}
+        self.rendezvous = run_dir / "kv-channel.port"
+        self.stats_paths = (run_dir / "prefill-transfers.jsonl", run_dir / "decode-transfers.jsonl")
+        ends = cfg.serve.endpoints
+        self.external = ends.baseline is not None
+        if self.external:
+            self.urls = {"baseline": ends.baseline.rstrip("/"), "disagg": ends.disagg.rstrip("/")}
+            return
+        args = engine_args(cfg, device)
+        self.rendezvous.unlink(missing_ok=True)
+        for name, gpu, kv in (("baseline", cfg.device.baseline_gpu, None),
+                              ("prefill", cfg.device.prefill_gpu,
+                               transfer_config(cfg, "prefill", self.rendezvous, self.stats_paths[0])),
+                              ("decode", cfg.device.decode_gpu,
+                               transfer_config(cfg, "decode", self.rendezvous, self.stats_paths[1]))):
+            env = engine_env(cfg, device, gpu)
+            if kv is not None and pulls(cfg.strategy):  # vLLM's NIXL handshake: a side channel per engine
+                env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
+            self.servers[name] = vllm_instance(name, {**args, **({"kv_transfer_config": kv} if kv else {})}, env,
+                                               run_dir / f"{name}.log")
+        handoff = ["--handoff", "pull" if pulls(cfg.strategy) else "push", "--decode-submit", decode_submit(cfg),
+                   "--policy", cfg.serve.policy, "--timeout-s", str(cfg.run.request_timeout_s)]
+        self.servers["baseline_router"] = router_process(
+            "baseline_router", [], [self.servers["baseline"].url], run_dir / "baseline_router.log",
+            "--policy", cfg.serve.policy)
+        self.servers["router"] = router_process(
+            "router", [self.servers["prefill"].url], [self.servers["decode"].url], run_dir / "router.log", *handoff)
+        self.urls = {"baseline": self.servers["baseline_router"].url, "disagg": self.servers["router"].url}
+
+    def start(self, timeout_s: float) -> None:
+        if self.external:
+            return
+        instances = [s for n, s in self.servers.items() if "router" not in n]
+        for s in instances:
+            s.start()
+        self.write_pids()
+        deadline = time.monotonic() + timeout_s
+        for s in instances:
+            s.wait_healthy(max(deadline - time.monotonic(), 1.0))
+        for name in ("baseline_router", "router"):
+            self.servers[name].start().wait_healthy(60)
+        self.write_pids()
+
+    def write_pids(self) -> None:
+        """servers.json: each server's process (the leader of its process group), URL and log."""
+        write_json(self.run_dir / "servers.json", {n: {"pid": s.proc.pid, "url": s.url, "log": str(s.log_path)}
+                                                   for n, s in self.servers.items() if s.proc is not None})
+
+    async def watchdog(self) -> None:
+        """Raises InstanceDied as soon as a server this run started exits."""
+        while True:
+            for s in self.servers.values():
+                if not s.alive():
+                    raise InstanceDied(s.failure_message())
+            await asyncio.sleep(0.5)
+
+    def kv_usage(self) -> dict[str, float | None]:
+        """vLLM's KV cache usage (0 to 1) of the prefill and decode instances once idle: above 0
+        after every request ended means blocks left held."""
+        out = {}
+        for name in ("prefill", "decode"):
+            usage = None
+            for _ in range(50):  # the last requests' blocks are freed by the engines' next steps
+                usage = self.servers[name].metric("vllm:kv_cache_usage_perc")
+                if not usage:
+                    break
+                time.sleep(0.1)
+            out[name] = usage
+        return out
+
+    def stop(self, grace_s: float) -> None:
+        for s in self.servers.values():  # routers first (dict order is start order: instances first)
+            s.stop(grace_s)
+        if not self.external:
+            remove_leftovers(self.rendezvous)
+
+
+def served_model(cfg: DictConfig) -> str:
+    return cfg.serve.model_name or str(cfg.model.path)
+
+
+def row(cfg, run_id: str, device: str, path: str, r: ClientResult, base: ClientResult | None,
+        stats: TransferStats | None, rate: float) -> dict:
+    ok = r.status == "ok"
+    ttft = r.t_first * 1e3 if r.t_first is not None else None
+    e2e = r.t_done * 1e3 if ok else None
+    tpot = (e2e - ttft) / (len(r.token_ids) - 1) if ok and len(r.token_ids) > 1 else None
+    itl = [(b - a) * 1e3 for a, b in zip(r.token_times, r.token_times[1:])]
+    meets = None
+    if ok:
+        meets = all(limit is None or value is not None and value <= limit
+                    for value, limit in ((ttft, cfg.slo.ttft_ms), (tpot, cfg.slo.tpot_ms)))
+    cmp = None
+    if ok and base is not None and base.status == "ok":
+        cmp = compare_outputs(base.token_ids, r.token_ids, base.logprobs, r.logprobs)
+    send = recv = None
+    if stats is not None and r.transfer_id:
+        send, recv = stats.take(r.transfer_id, "send"), stats.take(r.transfer_id, "receive")
+    digest_match = None
+    if send is not None and recv is not None and send.digests is not None and recv.digests is not None:
+        digest_match = send.digests == recv.digests
+    kv_ms = None
+    if send is not None and recv is not None and send.t_forward_done and recv.t_kv_ready:
+        kv_ms = (recv.t_kv_ready - send.t_forward_done) * 1e3
+    return ServeRow(
+        run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name, workload=cfg.workload.name, device=device,
+        path=path, request_idx=r.index, prompt_idx=r.prompt_idx, prompt_len=r.prompt_len,
+        output_len=len(r.token_ids), status=r.status, error=r.error, request_rate=rate, arrival_s=r.arrival_s,
+        sent_s=r.t_sent, ttft_ms=ttft, tpot_ms=tpot, e2e_ms=e2e, itl_ms=itl, meets_slo=meets,
+        match=cmp.match if cmp else None, first_divergence=cmp.first_divergence if cmp else None,
+        max_logprob_diff=cmp.max_logprob_diff if cmp else None, transfer_id=r.transfer_id,
+        digest_match=digest_match, transfer_error=recv.error if recv else None,
+        bytes=send.bytes if send else None,
+        transfer_ms=(send.gpu_ms if send and send.gpu_ms is not None else (recv.transfer_ms if recv else None)),
+        kv_ms=kv_ms, token_ids=r.token_ids).to_dict()
+
+
+class RowWriter:
+    """Writes each request's row as soon as it ends, so that a run stopped halfway keeps what it
+    measured. A thread of its own: a P/D row waits (up to wait_s) for its transfer records,
+    which the workers append a moment after the client has its answer."""
+
+    def __init__(self, out: JsonlWriter, make_row, stats: TransferStats | None, wait_s: float = 5.0):
+        self.out, self.make_row, self.stats, self.wait_s = out, make_row, stats, wait_s
+        self.queue: queue.Queue = queue.Queue()
+        self.abandon = threading.Event()  # the run is stopping: no more waiting for records
+        self.thread = threading.Thread(target=self._loop, name="row-writer", daemon=True)
+        self.thread.start()
+
+    def put(self, result: ClientResult) -> None:
+        self.queue.put(result)
+
+    def _loop(self) -> None:
+        while (r := self.queue.get()) is not None:
+            if self.stats is not None and r.transfer_id and r.status == "ok":
+                deadline = time.monotonic() + self.wait_s
+                while not self.stats.has_both(r.transfer_id) and time.monotonic() < deadline \
+                        and not self.abandon.is_set():
+                    time.sleep(0.01)
+            self.out.write(self.make_row(r))
+
+    def close(self, abandon: bool = False) -> None:
+        if abandon:
+            self.abandon.set()
+        self.queue.put(None)
+        self.thread.join()
+
+
+def run(cfg: DictConfig, run_dir: Path) -> int:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_id = run_dir.name
+    t_run = time.monotonic()
+    try:
+        check_serve_inputs(cfg)
+        device, workload = checked_inputs(cfg)
+    except (ConfigError, WorkloadError, LoadError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        write_json(run_dir / "summary.json", {"status": "bad_input", "error": str(e), "run_id": run_id})
+        return 2
+
+    spec = load_spec(cfg)
+    schedule = arrival_schedule(spec, [p.token_ids for p in workload.prompts])
+    meta = {"run_id": run_id, "runner": "serve", "versions": versions(device), "strategy": cfg.strategy.name,
+            "decode_submit": decode_submit(cfg), "model": cfg.model.name, "workload": cfg.workload.name,
+            "num_prompts": len(workload.prompts), "num_requests": len(schedule),
+            "config": OmegaConf.to_container(cfg, resolve=True)}
+    write_json(run_dir / "meta.json", meta)
+    deployment = Deployment(cfg, device, run_dir)
+    status, code, error = "ok", 0, None
+    timings: dict = {}
+    kv_usage = {}
+    tag = uuid.uuid4().hex[:6]
+    base_out, req_out = JsonlWriter(run_dir / "baseline.jsonl"), JsonlWriter(run_dir / "requests.jsonl")
+    stats = None if deployment.external else TransferStats(*deployment.stats_paths)
+    rate = spec.request_rate
+    model = served_model(cfg)
+
+    def load(path: str, url: str, reqs, on_result=None):
+        return asyncio.run(send_all(url, model, reqs, max_tokens=cfg.sampling.max_tokens,
+                                    max_concurrency=spec.max_concurrency, timeout_s=cfg.run.request_timeout_s,
+                                    id_prefix=f"{tag}-{path}", on_result=on_result,
+                                    watchdog=None if deployment.external else deployment.watchdog))
+
+    try:
+        print(f"[harness] {run_id}: serving {len(schedule)} requests at {rate} req/s ({spec.arrivals}), "
+              f"strategy={cfg.strategy.name}, model={cfg.model.name}, device={device}; logs in {run_dir}", flush=True)
+        t0 = time.monotonic()
+        deployment.start(cfg.run.startup_timeout_s)
+        timings["startup_s"] = time.monotonic() - t0
+        if cfg.run.warmup_requests:  # first use of each path (the connector's included) is not measured
+            t0 = time.monotonic()
+            warm = [ScheduledRequest(r.index, r.prompt_idx, r.token_ids, 0.0)
+                    for r in schedule[:cfg.run.warmup_requests]]
+            for path in ("baseline", "disagg"):
+                for r in load(f"warmup-{path}", deployment.urls[path], warm):
+                    if r.status != "ok":
+                        raise InstanceDied(f"warm-up request through the {path} path failed: {r.error}")
+            timings["warmup_s"] = time.monotonic() - t0
+        passes = [("baseline", "baseline"), *([("baseline_repeat", "baseline")] if cfg.serve.baseline_repeat else []),
+                  ("disagg", "disagg")]
+        base: dict[int, ClientResult] = {}
+        for path, target in passes:
+            p_stats = stats if path == "disagg" else None
+            writer = RowWriter(req_out if path == "disagg" else base_out,
+                               lambda r, path=path, p_stats=p_stats, base=base: row(
+                                   cfg, run_id, device, path, r, None if path == "baseline" else base.get(r.index),
+                                   p_stats, rate), p_stats)
+            t0 = time.monotonic()
+            try:
+                results = load(path, deployment.urls[target], schedule, on_result=writer.put)
+            finally:
+                writer.close(abandon=sys.exc_info()[0] is not None)
+            timings[f"{path}_s"] = time.monotonic() - t0
+            if path == "baseline":
+                base = {r.index: r for r in results}
+        if not deployment.external:
+            kv_usage = deployment.kv_usage()
+    except InstanceDied as e:
+        status, code, error = "engine_failed", 3, str(e)
+        print(f"\nerror: {e}\nRecords written so far are in {run_dir}", file=sys.stderr)
+    except KeyboardInterrupt:
+        status, code, error = "interrupted", 130, "interrupted"
+        print(f"\ninterrupted; records written so far are in {run_dir}", file=sys.stderr)
+    finally:
+        t0 = time.monotonic()
+        deployment.stop(grace_s=10 if status == "ok" else 1)
+        timings["shutdown_s"] = time.monotonic() - t0
+        base_out.close()
+        req_out.close()
+
+    timings["total_s"] = time.monotonic() - t_run
+    summary = serve_summary(run_dir, cfg, status=status, error=error, run_id=run_id, device=device,
+                            timings=timings, kv_usage=kv_usage, external=deployment.external)
+    if status == "ok":
+        status, code, error = summary["status"], summary["exit_code"], summary["error"]
+        if error:
+            print(f"error: {error}", file=sys.stderr)
+    write_json(run_dir / "summary.json", summary)
+    print(format_serve_summary(summary))
+    print(f"[harness] {status}: wall {timings['total_s']:.1f} s (start-up "
+          f"{timings.get('startup_s', math.nan):.1f} s); results in {run_dir}", flush=True)
+    return code

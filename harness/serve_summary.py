@@ -1,0 +1,124 @@
+"""summary.json of a runner=serve run, from its records (baseline.jsonl, requests.jsonl), so
+that it can be computed again from any run directory.
+
+Per path (the P/D path's keys bare, the baseline's with `base_`): p50 (with its bootstrap
+interval), p90 and p99 of TTFT, TPOT, inter-token gap and E2E; requests ok, failed and
+cancelled; request and output-token throughput; the achieved against the requested rate;
+goodput (requests per second that finished within the SLOs) and SLO attainment (the share of
+requests sent that did).
+
+Correctness: the P/D path's outputs against the baseline's for the same request
+(`match_rate`) beside the baseline's second pass against its first (`baseline_self_match_rate`,
+greedy decoding's own noise under this load); a mismatch fails the run only when the P/D path
+has more mismatches than the baseline has with itself. Digest failures, transfer errors and KV
+left held fail it always.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from harness.records import read_jsonl
+from harness.schema import SCHEMA_VERSION
+from harness.stats import Column, format_table, format_value, p50_with_interval, percentile
+
+LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
+
+
+def path_stats(rows: list[dict], prefix: str = "") -> dict:
+    ok = [r for r in rows if r["status"] == "ok"]
+    out = {f"{prefix}requests": len(rows), f"{prefix}ok": len(ok),
+           f"{prefix}failed": sum(r["status"] == "failed" for r in rows),
+           f"{prefix}cancelled": sum(r["status"] == "cancelled" for r in rows)}
+    for m in LATENCIES:
+        vals = [g for r in ok for g in r["itl_ms"]] if m == "itl_ms" else [r[m] for r in ok]
+        out.update(p50_with_interval(vals, f"{prefix}{m}_p50"))
+        out[f"{prefix}{m}_p90"] = percentile(vals, 90)
+        out[f"{prefix}{m}_p99"] = percentile(vals, 99)
+    sent = [r["sent_s"] for r in rows]
+    ends = [r["sent_s"] + r["e2e_ms"] / 1e3 for r in ok]
+    span = (max(ends) - min(sent)) if ends else None
+    out[f"{prefix}duration_s"] = span
+    out[f"{prefix}achieved_rate"] = (len(sent) - 1) / (max(sent) - min(sent)) if len(sent) > 1 and max(sent) > min(
+        sent) else None
+    out[f"{prefix}request_throughput"] = len(ok) / span if span else None
+    out[f"{prefix}output_throughput"] = sum(r["output_len"] for r in ok) / span if span else None
+    good = sum(bool(r["meets_slo"]) for r in rows)
+    out[f"{prefix}goodput"] = good / span if span else None
+    uncancelled = [r for r in rows if r["status"] != "cancelled"]
+    out[f"{prefix}slo_attainment"] = good / len(uncancelled) if uncancelled else None
+    return out
+
+
+def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | None, run_id: str, device: str,
+                  timings: dict, kv_usage: dict, external: bool) -> dict:
+    disagg = read_jsonl(run_dir / "requests.jsonl")
+    base_rows = read_jsonl(run_dir / "baseline.jsonl")
+    base = [r for r in base_rows if r["path"] == "baseline"]
+    repeat = [r for r in base_rows if r["path"] == "baseline_repeat"]
+    out: dict = {"schema_version": SCHEMA_VERSION, "runner": "serve", "status": status, "error": error,
+                 "run_id": run_id, "strategy": cfg.strategy.name, "model": cfg.model.name,
+                 "workload": cfg.workload.name, "device": device, "external_endpoints": external,
+                 "request_rate": float(cfg.serve.request_rate), "arrivals": cfg.serve.arrivals,
+                 "max_concurrency": cfg.serve.max_concurrency,
+                 "slo": {"ttft_ms": cfg.slo.ttft_ms, "tpot_ms": cfg.slo.tpot_ms}}
+    out.update(path_stats(disagg))
+    out.update(path_stats(base, "base_"))
+    compared = [r for r in disagg if r["match"] is not None]
+    self_compared = [r for r in repeat if r["match"] is not None]
+    out["match_rate"] = sum(r["match"] for r in compared) / len(compared) if compared else None
+    out["mismatches"] = sum(not r["match"] for r in compared)
+    out["baseline_self_match_rate"] = (sum(r["match"] for r in self_compared) / len(self_compared)
+                                       if self_compared else None)
+    out["baseline_self_mismatches"] = sum(not r["match"] for r in self_compared)
+    # a request the client abandoned on purpose may leave its transfer unfinished: not a failure
+    kept = [r for r in disagg if r["status"] != "cancelled"]
+    checked = [r for r in kept if r["digest_match"] is not None]
+    out["digest_checked"] = len(checked)
+    out["digest_failures"] = sum(not r["digest_match"] for r in checked)
+    out["transfer_errors"] = sum(bool(r["transfer_error"]) for r in kept)
+    out["kv_cache_usage_at_end"] = kv_usage
+    out["timings"] = timings
+    code = {"ok": 0, "engine_failed": 3, "interrupted": 130}.get(status, 1)
+    if status == "ok":
+        noise = out["baseline_self_mismatches"] if repeat else 0
+        if out["digest_failures"] or out["transfer_errors"]:
+            status, code = "transfer_failed", 1
+            error = f"{out['digest_failures']} digest failure(s), {out['transfer_errors']} transfer error(s)"
+        elif out["mismatches"] > noise:
+            status, code = "mismatch", 1
+            error = (f"{out['mismatches']} of {len(compared)} P/D outputs differ from the baseline's; the baseline "
+                     f"differs from itself under the same load in {noise}")
+            if checked and not out["digest_failures"]:
+                error += ("; every KV block arrived intact (digests match): the decode engine used the KV wrongly "
+                          "or before it had arrived")
+        elif any(kv_usage.values()):
+            status, code = "kv_leak", 1
+            error = f"KV cache still in use after every request ended: {kv_usage}"
+    out.update(status=status, error=error, exit_code=code)
+    return out
+
+
+SUMMARY_COLUMNS = [Column("path"), Column("ok"), Column("failed"), Column("cancelled"),
+                   Column("rate", "achieved_rate", ".2f"),
+                   *(Column(f"{m[:-3]} p50", f"{m}_p50", ".1f", interval=True) for m in LATENCIES),
+                   *(Column(f"{m[:-3]} p99", f"{m}_p99", ".1f") for m in ("ttft_ms", "tpot_ms")),
+                   Column("req/s", "request_throughput", ".2f"), Column("tok/s", "output_throughput", ".1f"),
+                   Column("goodput", "goodput", ".2f"), Column("SLO met", "slo_attainment", ".2f")]
+
+
+def format_serve_summary(s: dict) -> str:
+    def path_row(name: str, prefix: str) -> dict:
+        return {"path": name, **{k[len(prefix):]: v for k, v in s.items() if k.startswith(prefix)}} if prefix else \
+            {"path": name, **s}
+    rows = [path_row("baseline", "base_"), path_row("P/D " + str(s.get("strategy")), "")]
+    f = format_value
+    return "\n".join([
+        format_table(rows, SUMMARY_COLUMNS), "",
+        f"requested {f(s.get('request_rate'), '.2f')} req/s ({s.get('arrivals')}); SLOs {s.get('slo')}",
+        f"outputs: P/D matches the baseline {f(s.get('match_rate'), '.3f')} "
+        f"({s.get('mismatches')} differ); the baseline matches itself {f(s.get('baseline_self_match_rate'), '.3f')} "
+        f"({s.get('baseline_self_mismatches')} differ); digest failures {s.get('digest_failures')}/"
+        f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}"])
