@@ -105,20 +105,14 @@ def load_requests(*paths: str | Path, with_tokens: bool = False) -> pd.DataFrame
         df = pd.DataFrame(rows)
         names = field_names(ServeRow if serve else RequestRow)
         df = df.reindex(columns=names + [c for c in df.columns if c not in names])
-        if serve:
-            if not with_tokens:
-                df = df.drop(columns=["token_ids"])
-            for k, v in _run_columns(run).items():
-                df[k] = [v] * len(df)
-            frames.append(df)
-            continue
         df["schema_version"] = df["schema_version"].fillna(UNVERSIONED).astype(int)
-        # version-3 rows written before after_forward_ms was: the same from their timeline
-        ms = {c: pd.to_numeric(df[c], errors="coerce") for c in ("after_forward_ms", "t_first_token_ms",
-                                                                  "t_forward_done_ms")}
-        df["after_forward_ms"] = ms["after_forward_ms"].fillna(ms["t_first_token_ms"] - ms["t_forward_done_ms"])
+        if not serve:
+            # version-3 rows written before after_forward_ms was: the same from their timeline
+            ms = {c: pd.to_numeric(df[c], errors="coerce") for c in ("after_forward_ms", "t_first_token_ms",
+                                                                      "t_forward_done_ms")}
+            df["after_forward_ms"] = ms["after_forward_ms"].fillna(ms["t_first_token_ms"] - ms["t_forward_done_ms"])
         if not with_tokens:
-            df = df.drop(columns=["token_ids", "base_token_ids"])
+            df = df.drop(columns=[c for c in ("token_ids", "base_token_ids") if c in names])
         for k, v in _run_columns(run).items():
             df[k] = [v] * len(df)
         frames.append(df)

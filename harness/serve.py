@@ -150,7 +150,7 @@ class Deployment:
         return out
 
     def stop(self, grace_s: float) -> None:
-        for s in self.servers.values():  # routers first (dict order is start order: instances first)
+        for s in reversed(self.servers.values()):  # the routers (added last) before the instances behind them
             s.stop(grace_s)
         if not self.external:
             remove_leftovers(self.rendezvous)
