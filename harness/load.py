@@ -99,6 +99,9 @@ def arrival_schedule(spec: LoadSpec, prompts: list[list[int]]) -> list[Scheduled
             for i, (a, c) in enumerate(zip(times, cancels, strict=True))]
 
 
+TIMED_OUT = "timed out (run.request_timeout_s)"
+
+
 @dataclass
 class ClientResult:
     """One request as the client saw it; times in seconds on time.monotonic()."""
@@ -110,6 +113,8 @@ class ClientResult:
     t_sent: float
     t_first: float | None = None
     t_done: float | None = None
+    t_prefill_token: float | None = None  # the router had the prefill instance's answer (its mark)
+    t_decode_token: float | None = None  # the decode instance's first token reached the router (its mark)
     token_times: list[float] = field(default_factory=list)  # when each output token arrived
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -125,7 +130,8 @@ async def send_one(session: aiohttp.ClientSession, url: str, model: str, req: Sc
     res = ClientResult(req.index, req.prompt_idx, len(req.token_ids), req.arrival_s, time.monotonic() - t_start)
     t0 = time.monotonic()
     try:
-        async with session.post(url + "/v1/completions", json=body, headers={"X-Request-Id": request_id}) as r:
+        headers = {"X-Request-Id": request_id, "X-Router-Marks": "1"}  # marks: the project's router's, on P/D
+        async with session.post(url + "/v1/completions", json=body, headers=headers) as r:
             res.transfer_id = r.headers.get("X-Transfer-Id")
             if r.status != 200:
                 res.status, res.error = "failed", f"HTTP {r.status}: {(await r.text())[:300]}"
@@ -133,6 +139,10 @@ async def send_one(session: aiohttp.ClientSession, url: str, model: str, req: Sc
             async for line in r.content:  # one SSE line at a time
                 now = time.monotonic()
                 line = line.strip()
+                if line == b": prefill-token":
+                    res.t_prefill_token = now - t0
+                elif line == b": decode-token":
+                    res.t_decode_token = now - t0
                 if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])
@@ -155,7 +165,7 @@ async def send_one(session: aiohttp.ClientSession, url: str, model: str, req: Sc
         if len(res.token_ids) != max_tokens:
             res.status, res.error = "failed", f"{len(res.token_ids)} tokens of {max_tokens}"
     except asyncio.TimeoutError:
-        res.status, res.error = "failed", "timed out (run.request_timeout_s)"
+        res.status, res.error = "failed", TIMED_OUT
     except aiohttp.ClientError as e:
         res.status, res.error = "failed", f"{type(e).__name__}: {e}"[:300]
     return res

@@ -17,6 +17,14 @@ behind the same proxy, so that a comparison with P/D pays the same hop).
 A client's X-Request-Id header becomes the transfer id (the connectors' records carry it), and
 the answer says which one it was in X-Transfer-Id. If the client goes away, the upstream
 requests are closed, which aborts them in vLLM.
+
+--stream-prefill-token: a streamed answer starts with the prefill instance's token as soon as
+the prefill answered, so that the client's TTFT is the prefill's; the decode instance computes
+the same token again (greedy), and the router drops that duplicate from its stream (a decode
+token that differs ends the stream with an error event: the two instances disagree).
+A client that sends `X-Router-Marks: 1` gets SSE comments (which clients skip) in a streamed
+P/D answer when the prefill's answer came (`: prefill-token`) and before the decode instance's
+first token (`: decode-token`): the harness records both times.
 """
 
 from __future__ import annotations
@@ -32,6 +40,38 @@ import aiohttp
 from aiohttp import web
 
 POLICIES = ("round_robin", "least_outstanding")
+MARKS = "X-Router-Marks"
+
+
+def sse(data: dict) -> bytes:
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+def prefill_token_chunk(answer: dict) -> dict:
+    """The prefill instance's (whole) answer as the first chunk of a stream."""
+    choice = {**answer["choices"][0], "index": 0, "finish_reason": None, "stop_reason": None}
+    return {"id": answer.get("id"), "object": "text_completion", "created": answer.get("created"),
+            "model": answer.get("model"), "choices": [choice]}
+
+
+def without_first_token(chunk: dict, answer: dict) -> dict | None:
+    """The decode instance's first chunk with tokens, minus the token the prefill's answer has
+    already given the client; None when nothing is left to send. Raises ValueError when the
+    two tokens differ."""
+    c, p = chunk["choices"][0], answer["choices"][0]
+    ids, p_ids = c.get("token_ids"), p.get("token_ids")
+    if ids and p_ids and ids[0] != p_ids[0] or not (ids and p_ids) and not c.get("text", "").startswith(p["text"]):
+        raise ValueError(f"the decode instance's first token ({ids[:1] if ids else c.get('text')!r}) differs from "
+                         f"the prefill instance's ({p_ids[:1] if p_ids else p['text']!r})")
+    if ids:
+        c["token_ids"] = ids[1:]
+    c["text"] = c.get("text", "")[len(p["text"]):]
+    if c.get("logprobs"):
+        c["logprobs"] = {k: (v[1:] if isinstance(v, list) else v) for k, v in c["logprobs"].items()}
+    c.pop("prompt_token_ids", None)  # the prefill's chunk carried them
+    if not c["text"] and not c.get("token_ids") and c.get("finish_reason") is None and not chunk.get("usage"):
+        return None
+    return chunk
 
 
 class Pool:
@@ -48,14 +88,20 @@ class Pool:
         self._turn = itertools.cycle(self.urls)
 
     def pick(self) -> str:
-        if self.policy == "round_robin":
-            return next(self._turn)
-        return min(self.urls, key=lambda u: self.outstanding[u])  # ties: the first listed
+        """The instance for the next request, counted outstanding from now (requests sent
+        together see each other); `done` when its answer is over."""
+        least = min(self.urls, key=lambda u: self.outstanding[u])  # ties: the first listed
+        url = next(self._turn) if self.policy == "round_robin" else least
+        self.outstanding[url] += 1
+        return url
+
+    def done(self, url: str) -> None:
+        self.outstanding[url] -= 1
 
 
 class Router:
     def __init__(self, prefill: list[str], decode: list[str], policy: str = "round_robin", handoff: str = "push",
-                 decode_submit: str = "early", timeout_s: float = 600.0):
+                 decode_submit: str = "early", timeout_s: float = 600.0, stream_prefill_token: bool = False):
         if handoff not in ("push", "pull"):
             raise ValueError(f"unknown handoff {handoff!r}: push or pull")
         if decode_submit not in ("early", "after_prefill"):
@@ -65,7 +111,9 @@ class Router:
         self.prefill = Pool(prefill, policy) if prefill else None
         self.decode = Pool(decode, policy)
         self.handoff, self.decode_submit = handoff, decode_submit
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.stream_prefill_token = stream_prefill_token
+        # no progress (connecting, or between two reads) for timeout_s: a stream may last longer
+        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
         self.session: aiohttp.ClientSession | None = None
 
     # ------------------------------------------------------------ the two requests
@@ -88,31 +136,56 @@ class Router:
         return {**body, "kv_transfer_params": params}
 
     async def _prefill(self, url: str, path: str, body: dict) -> dict:
-        self.prefill.outstanding[url] += 1
         try:
             async with self.session.post(url + path, json=body) as r:
                 answer = await r.json(content_type=None)
                 if r.status != 200:
                     raise web.HTTPBadGateway(text=f"prefill instance {url}: {r.status} {json.dumps(answer)[:500]}")
                 return answer
-        finally:
-            self.prefill.outstanding[url] -= 1
+        except aiohttp.ClientError as e:
+            raise web.HTTPBadGateway(text=f"prefill instance {url}: {type(e).__name__}: {e}") from None
 
     # ------------------------------------------------------------ HTTP
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         transfer_id = request.headers.get("X-Request-Id") or f"router-{uuid.uuid4().hex}"
         d_url = self.decode.pick()
-        if self.prefill is None:  # colocated: one instance does both
-            return await self._relay_decode(request, d_url, body, transfer_id)
-        p_url = self.prefill.pick()
-        prefill = asyncio.ensure_future(self._prefill(p_url, request.path, self.prefill_body(body, transfer_id)))
+        try:
+            if self.prefill is None:  # colocated: one instance does both
+                return await self._relay_decode(request, d_url, body, transfer_id)
+            p_url = self.prefill.pick()
+            try:
+                return await self._disagg(request, body, transfer_id, p_url, d_url)
+            finally:
+                self.prefill.done(p_url)
+        finally:
+            self.decode.done(d_url)
+
+    async def _disagg(self, request: web.Request, body: dict, transfer_id: str, p_url: str, d_url: str):
+        stream = bool(body.get("stream"))
+        marks, first = stream and request.headers.get(MARKS) == "1", stream and self.stream_prefill_token
+        out = None
+        if marks or first:  # our own stream: what the prefill's answer gives goes in ahead of the decode's tokens
+            out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
+                                                          "X-Transfer-Id": transfer_id})
+            await out.prepare(request)
+
+        async def prefill_and_tell() -> dict:
+            answer = await self._prefill(p_url, request.path, self.prefill_body(body, transfer_id))
+            if marks:
+                await out.write(b": prefill-token\n\n")
+            if first:
+                await out.write(sse(prefill_token_chunk(answer)))
+            return answer
+
+        prefill = asyncio.ensure_future(prefill_and_tell())
         try:
             answer = None
             if self.decode_submit == "after_prefill":
                 answer = await prefill
             decode = asyncio.ensure_future(self._relay_decode(
-                request, d_url, self.decode_body(body, transfer_id, answer), transfer_id))
+                request, d_url, self.decode_body(body, transfer_id, answer), transfer_id,
+                out=out, after=prefill if out is not None else None, drop_first=first, marks=marks))
             try:
                 # a failed prefill ends the decode request at once (else it would wait, parked, for KV
                 # that never comes, until the connector's timeout)
@@ -125,27 +198,63 @@ class Router:
                     decode.cancel()
             await prefill
             return response
+        except web.HTTPException as e:
+            if out is None:
+                raise
+            # the stream has begun (status 200): the error goes in it, as vLLM reports errors mid-stream
+            await out.write(sse({"error": {"message": e.text, "code": e.status}}) + b"data: [DONE]\n\n")
+            await out.write_eof()
+            return out
         finally:
             if not prefill.done():  # the client went away, or the decode side failed: abort upstream
                 prefill.cancel()
 
-    async def _relay_decode(self, request: web.Request, url: str, body: dict, transfer_id: str):
-        self.decode.outstanding[url] += 1
+    async def _relay_decode(self, request: web.Request, url: str, body: dict, transfer_id: str,
+                            out: web.StreamResponse | None = None, after: asyncio.Future | None = None,
+                            drop_first: bool = False, marks: bool = False):
+        """The decode instance's answer to the client, as it comes. With `out` (a stream the
+        router began itself), its lines go into it, marked as asked, and the stream ends only
+        once `after` (the prefill, writing its mark or token) is done; with drop_first the first
+        token's line waits for the prefill's token and loses its duplicate."""
         try:
             async with self.session.post(url + request.path, json=body) as r:
-                if not body.get("stream"):
+                if out is None and not body.get("stream"):
                     data = await r.read()
                     return web.Response(body=data, status=r.status, content_type="application/json",
                                         headers={"X-Transfer-Id": transfer_id})
-                out = web.StreamResponse(status=r.status, headers={"Content-Type": r.headers.get(
-                    "Content-Type", "text/event-stream"), "X-Transfer-Id": transfer_id})
-                await out.prepare(request)
-                async for chunk in r.content.iter_any():
-                    await out.write(chunk)
+                if out is None:
+                    out = web.StreamResponse(status=r.status, headers={"Content-Type": r.headers.get(
+                        "Content-Type", "text/event-stream"), "X-Transfer-Id": transfer_id})
+                    await out.prepare(request)
+                    async for chunk in r.content.iter_any():
+                        await out.write(chunk)
+                    await out.write_eof()
+                    return out
+                if r.status != 200:
+                    raise web.HTTPBadGateway(text=f"decode instance {url}: {r.status} {(await r.text())[:500]}")
+                waiting = True  # for the decode instance's first token
+                async for line in r.content:  # one SSE line at a time
+                    if waiting and line.startswith(b"data: {"):
+                        chunk = json.loads(line[6:])
+                        choices = chunk.get("choices") or []
+                        if choices and (choices[0].get("text") or choices[0].get("token_ids")):
+                            waiting = False
+                            if marks:
+                                await out.write(b": decode-token\n\n")
+                            if drop_first:
+                                try:
+                                    chunk = without_first_token(chunk, await after)
+                                except ValueError as e:
+                                    raise web.HTTPBadGateway(text=str(e)) from None
+                                if chunk is None:
+                                    continue
+                                line = b"data: " + json.dumps(chunk).encode() + b"\n"
+                    await out.write(line)
+                await after  # a decode answered from its prefix cache may end before the prefill's answer
                 await out.write_eof()
                 return out
-        finally:
-            self.decode.outstanding[url] -= 1
+        except aiohttp.ClientError as e:
+            raise web.HTTPBadGateway(text=f"decode instance {url}: {type(e).__name__}: {e}") from None
 
     async def health(self, request: web.Request) -> web.Response:
         """200 when every instance answers its /health."""
@@ -160,8 +269,12 @@ class Router:
         return web.json_response({"unhealthy": bad}, status=503 if bad else 200)
 
     async def models(self, request: web.Request) -> web.Response:
-        async with self.session.get(self.decode.urls[0] + "/v1/models") as r:
-            return web.Response(body=await r.read(), status=r.status, content_type="application/json")
+        url = self.decode.urls[0]
+        try:
+            async with self.session.get(url + "/v1/models") as r:
+                return web.Response(body=await r.read(), status=r.status, content_type="application/json")
+        except aiohttp.ClientError as e:
+            raise web.HTTPBadGateway(text=f"decode instance {url}: {type(e).__name__}: {e}") from None
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -192,7 +305,10 @@ def argument_parser() -> argparse.ArgumentParser:
                     help="push: this project's connectors; pull: vLLM's NixlConnector")
     ap.add_argument("--decode-submit", choices=("early", "after_prefill"), default=None,
                     help="default: early for push, after_prefill for pull")
-    ap.add_argument("--timeout-s", type=float, default=600.0, help="per upstream request")
+    ap.add_argument("--timeout-s", type=float, default=600.0,
+                    help="an upstream instance that makes no progress for this long fails the request")
+    ap.add_argument("--stream-prefill-token", action="store_true",
+                    help="stream the prefill instance's token at once (the decode instance's duplicate is dropped)")
     return ap
 
 
@@ -200,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     args = argument_parser().parse_args(argv)
     submit = args.decode_submit or ("early" if args.handoff == "push" else "after_prefill")
     try:
-        router = Router(args.prefill, args.decode, args.policy, args.handoff, submit, args.timeout_s)
+        router = Router(args.prefill, args.decode, args.policy, args.handoff, submit, args.timeout_s,
+                        args.stream_prefill_token)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

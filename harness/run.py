@@ -72,7 +72,7 @@ def engine_env(cfg: DictConfig, device: str, gpu: int) -> dict:
     return env
 
 
-def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path, stats_path: Path) -> dict:
+def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path | list[Path], stats_path: Path) -> dict:
     """vLLM's kv_transfer_config for the prefill or decode engine. This project's connectors get
     what the harness sets, the strategy's own params and the transport's settings in sections of
     their own (a strategy param cannot shadow a harness value); vLLM's own connectors (no
@@ -82,7 +82,8 @@ def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path, stats_path: 
     params = OmegaConf.to_container(s.params, resolve=True) if s.params else {}
     if not s.module:
         return {"kv_connector": s.connector, "kv_role": role, "kv_connector_extra_config": params}
-    harness = {"rendezvous": str(rendezvous), "host": "127.0.0.1", "stats_path": str(stats_path),
+    rendezvous = [str(p) for p in rendezvous] if isinstance(rendezvous, list) else str(rendezvous)
+    harness = {"rendezvous": rendezvous, "host": "127.0.0.1", "stats_path": str(stats_path),
                "verify": bool(cfg.check.digests), "corrupt": bool(cfg.check.corrupt),
                "timeout_s": float(cfg.run.transfer_timeout_s), "decode_submit": decode_submit(cfg)}
     transport = {"staging_mb": None, **OmegaConf.to_container(cfg.transport, resolve=True)}

@@ -128,7 +128,11 @@ class ServeRow:
     request_rate: float  # requested (inf: all at once)
     arrival_s: float  # when the schedule said to send it, from the start of the load
     sent_s: float  # when it was sent (later than arrival_s when max_concurrency held it back)
-    ttft_ms: float | None
+    ttft_ms: float | None  # the client's first token (the prefill's with serve.stream_prefill_token)
+    # P/D path through the project's router (its marks): when the router had the prefill's answer,
+    # and when the decode instance's first token reached it
+    prefill_ttft_ms: float | None
+    decode_ttft_ms: float | None
     tpot_ms: float | None  # (e2e - ttft) / (output_len - 1)
     e2e_ms: float | None
     itl_ms: list[float]  # every gap between two output tokens

@@ -39,7 +39,7 @@ from harness.compare import compare_outputs
 from harness.instances import InstanceDied, ServerProcess, router_process, vllm_instance
 from harness.load import ClientResult, LoadError, LoadSpec, ScheduledRequest, arrival_schedule, send_all
 from harness.records import JsonlWriter, versions, write_json
-from harness.run import TransferStats, engine_args, engine_env, free_port, pulls, transfer_config
+from harness.run import TransferStats, engine_args, engine_env, free_port, pulls, transfer_config, warmup_workload
 from harness.schema import ServeRow
 from harness.serve_summary import format_serve_summary, serve_summary
 from harness.workload import WorkloadError
@@ -59,6 +59,14 @@ def check_serve_inputs(cfg: DictConfig) -> None:
         v = cfg.slo.get(key)
         if v is not None and not v > 0:
             raise LoadError(f"slo.{key} must be > 0 (null: no limit), got {v}")
+    for side in ("baseline", "prefill", "decode"):
+        n = cfg.serve[f"{side}_instances"]
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+            raise LoadError(f"serve.{side}_instances must be a whole number >= 1, got {n!r}")
+    if cfg.serve.decode_instances > 1 and not pulls(cfg.strategy):
+        raise LoadError(f"serve.decode_instances={cfg.serve.decode_instances}: this project's strategies push each "
+                        f"prefill instance's KV to one decode instance; use several prefill instances "
+                        f"(serve.prefill_instances) with one decode instance, or a pull strategy (strategy=vllm_nixl)")
     ends = cfg.serve.endpoints
     if (ends.baseline is None) != (ends.disagg is None):
         raise LoadError("serve.endpoints needs both a baseline and a disagg URL (or neither: the harness "
@@ -73,39 +81,69 @@ def check_serve_inputs(cfg: DictConfig) -> None:
                 raise LoadError(f"serve.endpoints.{name} {url} does not answer /v1/models ({e})") from None
 
 
+def gpu_count() -> int:
+    import torch
+
+    return max(torch.cuda.device_count(), 1)
+
+
+def instance_names(side: str, count: int) -> list[str]:
+    """prefill, decode with one instance a side; prefill0, prefill1, ... with more."""
+    return [side] if count == 1 else [f"{side}{i}" for i in range(count)]
+
+
 class Deployment:
     """The instances and routers this run started (none with external endpoints), and the URLs
-    the load goes to."""
+    the load goes to. serve.prefill_instances x serve.decode_instances behind the P/D router:
+    with this project's (push) strategies each prefill instance has a KV channel of its own to
+    the one decode instance (transport/fan_in.py); vLLM's pull connector takes any shape."""
 
     def __init__(self, cfg: DictConfig, device: str, run_dir: Path):
         self.cfg, self.run_dir = cfg, run_dir
         self.servers: dict[str, ServerProcess] = {}
-        self.rendezvous = run_dir / "kv-channel.port"
-        self.stats_paths = (run_dir / "prefill-transfers.jsonl", run_dir / "decode-transfers.jsonl")
-        ends = cfg.serve.endpoints
+        s = cfg.serve
+        self.baseline_names = instance_names("baseline", s.baseline_instances)
+        self.prefill_names = instance_names("prefill", s.prefill_instances)
+        self.decode_names = instance_names("decode", s.decode_instances)
+        self.rendezvous = [run_dir / f"kv-channel-{p}.port" for p in self.prefill_names]
+        self.stats_paths = [run_dir / f"{n}-transfers.jsonl" for n in (*self.prefill_names, *self.decode_names)]
+        ends = s.endpoints
         self.external = ends.baseline is not None
         if self.external:
             self.urls = {"baseline": ends.baseline.rstrip("/"), "disagg": ends.disagg.rstrip("/")}
             return
         args = engine_args(cfg, device)
-        self.rendezvous.unlink(missing_ok=True)
-        for name, gpu, kv in (("baseline", cfg.device.baseline_gpu, None),
-                              ("prefill", cfg.device.prefill_gpu,
-                               transfer_config(cfg, "prefill", self.rendezvous, self.stats_paths[0])),
-                              ("decode", cfg.device.decode_gpu,
-                               transfer_config(cfg, "decode", self.rendezvous, self.stats_paths[1]))):
-            env = engine_env(cfg, device, gpu)
-            if kv is not None and pulls(cfg.strategy):  # vLLM's NIXL handshake: a side channel per engine
-                env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
-            self.servers[name] = vllm_instance(name, {**args, **({"kv_transfer_config": kv} if kv else {})}, env,
-                                               run_dir / f"{name}.log")
+        for path in self.rendezvous:
+            path.unlink(missing_ok=True)
+        kv = {p: transfer_config(cfg, "prefill", rv, run_dir / f"{p}-transfers.jsonl")
+              for p, rv in zip(self.prefill_names, self.rendezvous, strict=True)}
+        # a decode worker opens one channel per prefill worker (a list); one prefill worker: a path as offline
+        decode_rv = self.rendezvous if len(self.rendezvous) > 1 else self.rendezvous[0]
+        kv.update({d: transfer_config(cfg, "decode", decode_rv, run_dir / f"{d}-transfers.jsonl")
+                   for d in self.decode_names})
+        first_gpu = {"baseline": cfg.device.baseline_gpu, "prefill": cfg.device.prefill_gpu,
+                     "decode": cfg.device.decode_gpu}
+        for names in (self.baseline_names, self.prefill_names, self.decode_names):
+            for i, name in enumerate(names):
+                # instance i of a side on that side's GPU + i (two baselines from GPU 0: GPUs 0 and 1)
+                gpu = first_gpu[name.rstrip("0123456789")] + i
+                env = engine_env(cfg, device, gpu if device != "cuda" else gpu % gpu_count())
+                if name in kv and pulls(cfg.strategy):  # vLLM's NIXL handshake: a side channel per engine
+                    env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
+                kv_args = {"kv_transfer_config": kv[name]} if name in kv else {}
+                self.servers[name] = vllm_instance(name, {**args, **kv_args}, env, run_dir / f"{name}.log")
+        hang_s = max(cfg.run.request_timeout_s, cfg.run.startup_timeout_s)
         handoff = ["--handoff", "pull" if pulls(cfg.strategy) else "push", "--decode-submit", decode_submit(cfg),
-                   "--policy", cfg.serve.policy, "--timeout-s", str(cfg.run.request_timeout_s)]
+                   # the client holds requests to run.request_timeout_s; the router only drops upstreams
+                   # that hang (the warm-up's first use may take as long as a start-up)
+                   "--policy", s.policy, "--timeout-s", str(hang_s),
+                   *(["--stream-prefill-token"] if s.stream_prefill_token else [])]
         self.servers["baseline_router"] = router_process(
-            "baseline_router", [], [self.servers["baseline"].url], run_dir / "baseline_router.log",
-            "--policy", cfg.serve.policy)
+            "baseline_router", [], [self.servers[b].url for b in self.baseline_names], run_dir / "baseline_router.log",
+            "--policy", s.policy, "--timeout-s", str(hang_s))
         self.servers["router"] = router_process(
-            "router", [self.servers["prefill"].url], [self.servers["decode"].url], run_dir / "router.log", *handoff)
+            "router", [self.servers[p].url for p in self.prefill_names],
+            [self.servers[d].url for d in self.decode_names], run_dir / "router.log", *handoff)
         self.urls = {"baseline": self.servers["baseline_router"].url, "disagg": self.servers["router"].url}
 
     def start(self, timeout_s: float) -> None:
@@ -139,7 +177,7 @@ class Deployment:
         """vLLM's KV cache usage (0 to 1) of the prefill and decode instances once idle: above 0
         after every request ended means blocks left held."""
         out = {}
-        for name in ("prefill", "decode"):
+        for name in (*self.prefill_names, *self.decode_names):
             usage = None
             for _ in range(50):  # the last requests' blocks are freed by the engines' next steps
                 usage = self.servers[name].metric("vllm:kv_cache_usage_perc")
@@ -158,6 +196,10 @@ class Deployment:
 
 def served_model(cfg: DictConfig) -> str:
     return cfg.serve.model_name or str(cfg.model.path)
+
+
+def ms(t: float | None) -> float | None:
+    return None if t is None else t * 1e3
 
 
 def row(cfg, run_id: str, device: str, path: str, r: ClientResult, base: ClientResult | None,
@@ -187,7 +229,8 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, base: ClientR
         run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name, workload=cfg.workload.name, device=device,
         path=path, request_idx=r.index, prompt_idx=r.prompt_idx, prompt_len=r.prompt_len,
         output_len=len(r.token_ids), status=r.status, error=r.error, request_rate=rate, arrival_s=r.arrival_s,
-        sent_s=r.t_sent, ttft_ms=ttft, tpot_ms=tpot, e2e_ms=e2e, itl_ms=itl, meets_slo=meets,
+        sent_s=r.t_sent, ttft_ms=ttft, prefill_ttft_ms=ms(r.t_prefill_token), decode_ttft_ms=ms(r.t_decode_token),
+        tpot_ms=tpot, e2e_ms=e2e, itl_ms=itl, meets_slo=meets,
         match=cmp.match if cmp else None, first_divergence=cmp.first_divergence if cmp else None,
         max_logprob_diff=cmp.max_logprob_diff if cmp else None, transfer_id=r.transfer_id,
         digest_match=digest_match, transfer_error=recv.error if recv else None,
@@ -256,9 +299,9 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     rate = spec.request_rate
     model = served_model(cfg)
 
-    def load(path: str, url: str, reqs, on_result=None):
+    def load(path: str, url: str, reqs, on_result=None, timeout_s=cfg.run.request_timeout_s):
         return asyncio.run(send_all(url, model, reqs, max_tokens=cfg.sampling.max_tokens,
-                                    max_concurrency=spec.max_concurrency, timeout_s=cfg.run.request_timeout_s,
+                                    max_concurrency=spec.max_concurrency, timeout_s=timeout_s,
                                     id_prefix=f"{tag}-{path}", on_result=on_result,
                                     watchdog=None if deployment.external else deployment.watchdog))
 
@@ -270,10 +313,15 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         timings["startup_s"] = time.monotonic() - t0
         if cfg.run.warmup_requests:  # first use of each path (the connector's included) is not measured
             t0 = time.monotonic()
-            warm = [ScheduledRequest(r.index, r.prompt_idx, r.token_ids, 0.0)
-                    for r in schedule[:cfg.run.warmup_requests]]
+            # every instance's first use: as many at once as the largest side has instances (round
+            # robin and least outstanding both spread requests sent together)
+            # and none of the measured prompts' tokens, which a prefix cache would keep (warmup_workload)
+            sides = (cfg.serve.baseline_instances, cfg.serve.prefill_instances, cfg.serve.decode_instances)
+            warm = [ScheduledRequest(i, p.index, p.token_ids, 0.0)
+                    for i, p in enumerate(warmup_workload(workload, cfg.run.warmup_requests * max(sides)).prompts)]
             for path in ("baseline", "disagg"):
-                for r in load(f"warmup-{path}", deployment.urls[path], warm):
+                # first use (the connector's buffers, compilation) may take far longer than a request may
+                for r in load(f"warmup-{path}", deployment.urls[path], warm, timeout_s=cfg.run.startup_timeout_s):
                     if r.status != "ok":
                         raise InstanceDied(f"warm-up request through the {path} path failed: {r.error}")
             timings["warmup_s"] = time.monotonic() - t0

@@ -11,7 +11,8 @@ Correctness: the P/D path's outputs against the baseline's for the same request
 (`match_rate`) beside the baseline's second pass against its first (`baseline_self_match_rate`,
 greedy decoding's own noise under this load); a mismatch fails the run only when the P/D path
 has more mismatches than the baseline has with itself. Digest failures, transfer errors and KV
-left held fail it always.
+left held fail it always, as does a request that failed for any reason but its time limit
+(run.request_timeout_s: a timed-out request is counted, `timed_out`, and misses the SLOs).
 """
 
 from __future__ import annotations
@@ -20,29 +21,45 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from harness.load import TIMED_OUT
 from harness.records import read_jsonl
 from harness.schema import SCHEMA_VERSION
 from harness.stats import Column, format_table, format_value, p50_with_interval, percentile
 
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
+ROUTER_MARKS = ("prefill_ttft_ms", "decode_ttft_ms")  # P/D through the project's router only
+
+
+def rate(times: list[float]) -> float | None:
+    """Events per second between the first and the last of these times."""
+    return (len(times) - 1) / (max(times) - min(times)) if len(times) > 1 and max(times) > min(times) else None
+
 
 def path_stats(rows: list[dict], prefix: str = "") -> dict:
     ok = [r for r in rows if r["status"] == "ok"]
     out = {f"{prefix}requests": len(rows), f"{prefix}ok": len(ok),
            f"{prefix}failed": sum(r["status"] == "failed" for r in rows),
+           f"{prefix}timed_out": sum(r["status"] == "failed" and r["error"] == TIMED_OUT for r in rows),
            f"{prefix}cancelled": sum(r["status"] == "cancelled" for r in rows)}
     for m in LATENCIES:
         vals = [g for r in ok for g in r["itl_ms"]] if m == "itl_ms" else [r[m] for r in ok]
         out.update(p50_with_interval(vals, f"{prefix}{m}_p50"))
         out[f"{prefix}{m}_p90"] = percentile(vals, 90)
         out[f"{prefix}{m}_p99"] = percentile(vals, 99)
+    for m in ROUTER_MARKS:
+        vals = [r[m] for r in ok if r.get(m) is not None]
+        if vals:
+            out.update(p50_with_interval(vals, f"{prefix}{m}_p50"))
+            out[f"{prefix}{m}_p99"] = percentile(vals, 99)
     sent = [r["sent_s"] for r in rows]
     ends = [r["sent_s"] + r["e2e_ms"] / 1e3 for r in ok]
     span = (max(ends) - min(sent)) if ends else None
     out[f"{prefix}duration_s"] = span
-    out[f"{prefix}achieved_rate"] = (len(sent) - 1) / (max(sent) - min(sent)) if len(sent) > 1 and max(sent) > min(
-        sent) else None
+    out[f"{prefix}achieved_rate"] = rate(sent)
+    # a seeded schedule of a few dozen Poisson arrivals has its own rate, off the requested one by
+    # chance: the load generator is judged against it (achieved/scheduled), the load against the request
+    out[f"{prefix}scheduled_rate"] = rate([r["arrival_s"] for r in rows])
     out[f"{prefix}request_throughput"] = len(ok) / span if span else None
     out[f"{prefix}output_throughput"] = sum(r["output_len"] for r in ok) / span if span else None
     good = sum(bool(r["meets_slo"]) for r in rows)
@@ -97,12 +114,18 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
         elif any(kv_usage.values()):
             status, code = "kv_leak", 1
             error = f"KV cache still in use after every request ended: {kv_usage}"
+        elif broken := [r for r in base_rows + disagg if r["status"] == "failed" and r["error"] != TIMED_OUT]:
+            # a timeout is a latency outcome (it counts against the SLOs); any other failure is a fault
+            status, code = "requests_failed", 1
+            error = f"{len(broken)} request(s) failed, e.g. {broken[0]['path']} #{broken[0]['request_idx']}: " \
+                    f"{broken[0]['error']}"
     out.update(status=status, error=error, exit_code=code)
     return out
 
 
-SUMMARY_COLUMNS = [Column("path"), Column("ok"), Column("failed"), Column("cancelled"),
-                   Column("rate", "achieved_rate", ".2f"),
+SUMMARY_COLUMNS = [Column("path"), Column("ok"), Column("failed"), Column("timed out", "timed_out"),
+                   Column("cancelled"),
+                   Column("scheduled", "scheduled_rate", ".2f"), Column("achieved", "achieved_rate", ".2f"),
                    *(Column(f"{m[:-3]} p50", f"{m}_p50", ".1f", interval=True) for m in LATENCIES),
                    *(Column(f"{m[:-3]} p99", f"{m}_p99", ".1f") for m in ("ttft_ms", "tpot_ms")),
                    Column("req/s", "request_throughput", ".2f"), Column("tok/s", "output_throughput", ".1f"),
@@ -118,6 +141,8 @@ def format_serve_summary(s: dict) -> str:
     return "\n".join([
         format_table(rows, SUMMARY_COLUMNS), "",
         f"requested {f(s.get('request_rate'), '.2f')} req/s ({s.get('arrivals')}); SLOs {s.get('slo')}",
+        f"P/D TTFT p50 {f(s.get('ttft_ms_p50'), '.1f')} ms at the client; at the router: the prefill's answer "
+        f"{f(s.get('prefill_ttft_ms_p50'), '.1f')}, the decode's first token {f(s.get('decode_ttft_ms_p50'), '.1f')}",
         f"outputs: P/D matches the baseline {f(s.get('match_rate'), '.3f')} "
         f"({s.get('mismatches')} differ); the baseline matches itself {f(s.get('baseline_self_match_rate'), '.3f')} "
         f"({s.get('baseline_self_mismatches')} differ); digest failures {s.get('digest_failures')}/"

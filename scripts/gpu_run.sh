@@ -7,6 +7,8 @@
 #   bash scripts/gpu_run.sh ttft     # experiment=gpu_ttft: TTFT and its parts, early vs after_prefill, 2k/8k/16k
 #   bash scripts/gpu_run.sh ttft2    # the same across two GPUs
 #   bash scripts/gpu_run.sh probe    # scripts/gpu_copy_probe.py, on one GPU and (if there are two) across
+#   bash scripts/gpu_run.sh serve    # experiment=gpu_serve: runner=serve sweep on two GPUs (harness overrides follow,
+#                                    # e.g. strategy=fused,layerwise serve.request_rate=1,2,4)
 # What bench runs is conf/experiment/gpu_bench.yaml (full_cache's 2.5 GiB cache: gpu_bench/full_cache.yaml);
 # harness overrides follow (bench.lengths=[512,2048]), or LENGTHS=512,2048 PER_LENGTH=1 STRATEGIES=fused.
 set -uo pipefail
@@ -33,6 +35,11 @@ case "${1:-check}" in
     cp "$RUNS/$name/rows.csv" "$OUT/$name-rows.csv" 2>/dev/null
     cp "$RUNS/$name/figure.png" "$OUT/$name-figure.png" 2>/dev/null
     tar czf "$OUT/$name-runs.tgz" -C "$RUNS" "$name" ;;  # every run's records and logs
+  serve)
+    name=${NAME:-serve}
+    python3 -m harness -m experiment=gpu_serve "hydra.sweep.dir=$RUNS/$name" "${@:2}" 2>&1 | grep -v "^\[" | tail -60
+    cp "$RUNS/$name/sweep_summary.txt" "$OUT/$name-summary.txt" 2>/dev/null
+    tar czf "$OUT/$name-runs.tgz" -C "$RUNS" "$name" ;;
   probe)
     python3 scripts/gpu_copy_probe.py 2>&1 | tee "$OUT/copy-probe-1gpu.txt"
     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then python3 scripts/gpu_copy_probe.py --peer 2>&1 | tee "$OUT/copy-probe-2gpu.txt"; fi ;;

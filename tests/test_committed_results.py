@@ -51,6 +51,8 @@ def test_requests_load_with_their_key_columns(run):
     lines = [x for x in (run / "requests.jsonl").read_text().splitlines() if x.strip()] \
         if (run / "requests.jsonl").exists() else []
     df = load_requests(run)
+    if (run / "baseline.jsonl").exists() and "path" in df:  # runner=serve: both paths' rows
+        return check_serve_rows(run, df, lines)
     assert len(df) == len(lines)
     if not lines:
         return
@@ -64,6 +66,21 @@ def test_requests_load_with_their_key_columns(run):
     cache = df["engine.kv_cache_gib"] * 2**30
     assert ((df["kv_cache_bytes"] - cache).abs() <= 0.01 * cache).all()
     assert (df["device.type"].isin([df["device"][0], "auto"])).all()
+
+
+def check_serve_rows(run: Path, df: pd.DataFrame, lines: list[str]) -> None:
+    base_lines = [x for x in (run / "baseline.jsonl").read_text().splitlines() if x.strip()]
+    assert len(df) == len(lines) + len(base_lines) and set(df["path"]) <= {"disagg", "baseline", "baseline_repeat"}
+    ok = df[df["status"] == "ok"]
+    assert not ok[["strategy", "prompt_len", "ttft_ms", "e2e_ms", "tpot_ms", "strategy.name", "request_rate"]]\
+        .isna().any().any()
+    disagg = ok[ok["path"] == "disagg"]
+    assert disagg["match"].all() and disagg["digest_match"].all() and (disagg["bytes"] > 0).all()
+    assert (df["schema_version"] == load_runs(run)["schema_version"][0]).all()
+    assert (df["strategy"] == df["strategy.name"]).all() and (df["runner.name"] == "serve").all()
+    assert (df["prompt_len"] + df["output_len"] <= df["engine.max_model_len"]).all()
+    # one schedule for every path
+    assert (df.groupby("request_idx")["arrival_s"].nunique() == 1).all()
 
 
 @pytest.mark.parametrize("out", bench_dirs(), ids=lambda p: str(p.relative_to(ROOT / "results")))

@@ -10,7 +10,7 @@ from nbclient import NotebookClient
 from tests.conftest import ROOT
 
 FIGURES = ["ttft_and_transfer_vs_prompt_len.png", "gbps_vs_bytes.png", "ttft_overhead_parts.png",
-           "messages_vs_transfer_ms.png"]
+           "messages_vs_transfer_ms.png", "serve_latency_vs_rate.png", "serve_pareto.png"]  # serve: committed runs
 
 
 def test_analysis_notebook_runs_and_saves_figures(results_dir, tmp_path):

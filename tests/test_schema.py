@@ -3,13 +3,23 @@ request rows; results/README.md documents exactly the fields that exist."""
 
 import json
 import re
+import tempfile
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from harness.records import run_summary, summarize
 from harness.run import TIMELINE, TransferStats, disagg_row, ttft_overhead_parts
-from harness.schema import OVERHEAD_PARTS, SCHEMA_VERSION, SUMMARY_METRICS, BaselineRow, RequestRow, field_names
+from harness.schema import (
+    OVERHEAD_PARTS,
+    SCHEMA_VERSION,
+    SUMMARY_METRICS,
+    BaselineRow,
+    RequestRow,
+    ServeRow,
+    field_names,
+)
+from harness.serve_summary import LATENCIES, ROUTER_MARKS, serve_summary
 from harness.workload import Prompt
 from transfer_strategies.records import TransferRecord, TransferRecordReader, TransferRecordWriter
 
@@ -45,6 +55,33 @@ def test_readme_documents_every_summary_key_and_no_other():
                           cudagraph_modes={}, decode_submit="early", kv_blocks_in_use={"prefill": 0, "decode": 0})
     assert summary["schema_version"] == SCHEMA_VERSION and summary["mismatches"] == 1
     assert expand(documented("summary.json")) == set(summary) | {"recomputed", "diagnosis"}
+
+
+def test_readme_documents_every_serving_field_and_summary_key_and_no_other():
+    assert documented("runner=serve: requests.jsonl") == set(field_names(ServeRow))
+    marks = {"disagg": (4.0, 6.0), "baseline": (None, None), "baseline_repeat": (None, None)}
+    rows = [dict(dict.fromkeys(field_names(ServeRow)), path=path, status="ok", sent_s=0.1 * i, arrival_s=0.1 * i,
+                 ttft_ms=5.0,
+                 prefill_ttft_ms=marks[path][0], decode_ttft_ms=marks[path][1], tpot_ms=1.0, e2e_ms=20.0,
+                 itl_ms=[1.0], output_len=4, meets_slo=True, match=True, digest_match=True)
+            for path in ("disagg", "baseline", "baseline_repeat") for i in range(3)]
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        (d / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["path"] == "disagg"))
+        (d / "baseline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["path"] != "disagg"))
+        cfg = OmegaConf.create({"strategy": {"name": "fused"}, "model": {"name": "m"}, "workload": {"name": "w"},
+                                "serve": {"request_rate": 4.0, "arrivals": "poisson", "max_concurrency": None},
+                                "slo": {"ttft_ms": None, "tpot_ms": None}})
+        summary = serve_summary(d, cfg, status="ok", error=None, run_id="r", device="cpu", timings={},
+                                kv_usage={"prefill": 0.0, "decode": 0.0}, external=False)
+    names = set()
+    for n in documented("runner=serve: summary.json"):
+        subs = LATENCIES if "<latency>" in n else ROUTER_MARKS if "<mark>" in n else ("",)
+        for m in subs:
+            n2 = n.replace("<latency>", m).replace("<mark>", m)
+            names.update({n2.replace("[base_]", ""), n2.replace("[base_]", "base_")})
+    # the baseline goes through no P/D router: no marks there
+    assert set(summary) == {n for n in names if not n.startswith(("base_prefill_ttft", "base_decode_ttft"))}
 
 
 def _request_row(**kw) -> dict:

@@ -1,9 +1,7 @@
-"""Serving mode on CPU (issue 13): real `vllm serve` instances with this project's connector; the
-router in front of the prefill and decode instances, used as a user would (`python -m
-harness.router`): its answers equal a colocated instance's, streamed or not, every transfer's
-digests match, and no KV block stays held afterwards; the load generator's arrivals; and
-`python -m harness runner=serve` end to end, against its own instances or running endpoints,
-with bad input and an instance that dies."""
+"""Serving mode on CPU (issue 13): the router's and the load generator's parts, and `python -m
+harness runner=serve` end to end with its own instances (1P1D, 2P1D with the prefill's token
+streamed), bad input, a request past its time limit, and an instance that dies. The tests on one
+shared deployment are in test_serve_deployment.py."""
 
 from __future__ import annotations
 
@@ -17,24 +15,21 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import harness.__main__  # noqa: F401 - registers the config's resolvers
-from harness.instances import serve_command, vllm_instance
-from harness.load import LoadSpec, arrival_schedule
+from harness.instances import serve_command
+from harness.load import TIMED_OUT, LoadSpec, arrival_schedule
 from harness.records import read_jsonl
 from harness.results import load_requests, load_runs
 from harness.router import Pool, Router
-from harness.run import engine_args, engine_env, free_port, transfer_config
+from harness.run import free_port
 from tests.conftest import run_harness
 
 ROOT = Path(__file__).resolve().parent.parent
-PROMPTS = [[(7 * i + 3 * k) % 500 + 3 for i in range(n)] for k, n in enumerate((5, 40, 97, 130, 33, 64))]
-MAX_TOKENS = 8
 
 
 def config(*overrides: str):
@@ -60,7 +55,10 @@ def test_pools_pick_round_robin_or_the_least_busy_and_bad_settings_are_refused()
     assert [rr.pick() for _ in range(3)] == ["http://a", "http://b", "http://a"]
     least = Pool(["http://a", "http://b"], "least_outstanding")
     least.outstanding["http://a"] = 2
-    assert least.pick() == "http://b"
+    # a pick counts at once, so that requests sent together spread
+    assert [least.pick() for _ in range(3)] == ["http://b", "http://b", "http://a"]
+    least.done("http://a")
+    assert least.outstanding == {"http://a": 2, "http://b": 2}
     for kwargs, message in [({"policy": "random"}, "unknown policy"), ({"handoff": "teleport"}, "unknown handoff"),
                             ({"handoff": "pull", "decode_submit": "early"}, "prefill's answer first")]:
         with pytest.raises(ValueError, match=message):
@@ -70,86 +68,6 @@ def test_pools_pick_round_robin_or_the_least_busy_and_bad_settings_are_refused()
     p = subprocess.run([sys.executable, "-m", "harness.router", "--prefill", "http://a", "--decode", "http://b",
                         "--handoff", "pull", "--decode-submit", "early"], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.startswith("error: a pull handoff")
-
-
-@pytest.fixture(scope="module")
-def deployment(results_dir):
-    """A colocated instance, a prefill and a decode instance (fused), and the router."""
-    cfg = config("strategy=fused")
-    run_dir = results_dir / "serve-fused"
-    for f in run_dir.glob("*"):
-        f.unlink()
-    args, env = engine_args(cfg, "cpu"), engine_env(cfg, "cpu", 0)
-    rendezvous = run_dir / "kv-channel.port"
-    instances = {"baseline": vllm_instance("baseline", args, env, run_dir / "baseline.log")}
-    for side in ("prefill", "decode"):
-        kv = transfer_config(cfg, side, rendezvous, run_dir / f"{side}-transfers.jsonl")
-        instances[side] = vllm_instance(side, {**args, "kv_transfer_config": kv}, env, run_dir / f"{side}.log")
-    router = None
-    try:
-        for inst in instances.values():
-            inst.start()
-        for inst in instances.values():
-            inst.wait_healthy(timeout_s=600)
-        port = free_port()
-        with open(run_dir / "router.log", "w") as log:
-            router = subprocess.Popen([sys.executable, "-m", "harness.router", "--prefill", instances["prefill"].url,
-                                       "--decode", instances["decode"].url, "--port", str(port)],
-                                      cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                if httpx.get(url + "/health", timeout=10).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        yield {"router": url, "run_dir": run_dir, "model": str(cfg.model.path), **instances}
-    finally:
-        if router is not None:
-            router.terminate()
-            router.wait(10)
-        for inst in instances.values():
-            inst.stop()
-
-
-def complete(url: str, model: str, prompt: list[int], stream: bool = False) -> str:
-    body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True,
-            "stream": stream}
-    if not stream:
-        r = httpx.post(url + "/v1/completions", json=body, timeout=300)
-        assert r.status_code == 200, r.text
-        return r.json()["choices"][0]["text"]
-    text = ""
-    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=300) as r:
-        assert r.status_code == 200
-        for line in r.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                text += json.loads(line[6:])["choices"][0]["text"]
-    return text
-
-
-@pytest.mark.engine
-def test_the_router_answers_as_a_colocated_instance_with_every_transfer_checked(deployment):
-    d = deployment
-    base = [complete(d["baseline"].url, d["model"], p) for p in PROMPTS]
-    assert len(set(base)) > 1  # the trained model's answers depend on the prompt
-    assert [complete(d["router"], d["model"], p) for p in PROMPTS] == base
-    assert [complete(d["router"], d["model"], p, stream=True) for p in PROMPTS[:3]] == base[:3]
-
-    def records(side):
-        path = d["run_dir"] / f"{side}-transfers.jsonl"
-        return {r["transfer_id"]: r for r in map(json.loads, path.read_text().splitlines())}
-    sent, received = records("prefill"), records("decode")
-    assert len(sent) == len(PROMPTS) + 3 and set(sent) == set(received)
-    assert all(sent[t]["digests"] == received[t]["digests"] for t in sent)
-    assert all(received[t]["error"] is None for t in received)
-    for inst in (d["prefill"], d["decode"]):  # every block given back once the requests ended
-        for _ in range(50):
-            if inst.metric("vllm:kv_cache_usage_perc") == 0:
-                break
-            time.sleep(0.1)
-        assert inst.metric("vllm:kv_cache_usage_perc") == 0, inst.name
 
 
 # ---------------------------------------------------------------------- the load generator
@@ -188,6 +106,8 @@ def test_arrivals_have_the_requested_rate_and_burstiness_and_repeat_with_their_s
     ("serve.arrivals=bursts", "serve.arrivals must be one of"),
     ("serve.num_requests=null", "give one of serve.num_requests and serve.duration_s"),
     ("slo.ttft_ms=-5", "slo.ttft_ms must be > 0"),
+    ("serve.prefill_instances=0", "serve.prefill_instances must be a whole number >= 1"),
+    ("serve.decode_instances=2", "push each prefill instance's KV to one decode instance"),
     ("serve.endpoints.baseline=http://127.0.0.1:9", "needs both a baseline and a disagg URL"),
 ])
 def test_bad_serving_input_is_one_line_and_exit_2_before_anything_starts(results_dir, override, message):
@@ -241,18 +161,47 @@ def group_alive(pid: int) -> bool:
     return bool(subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True).stdout.split())
 
 
+README_SERVE_2P1D = ("runner=serve", "strategy=fused", "serve.prefill_instances=2", "serve.stream_prefill_token=true",
+                     "serve.request_rate=8", "serve.num_requests=12", "serve.cancel_fraction=0.25")
+
+
 @pytest.mark.engine
-def test_a_running_deployment_is_measured_as_it_is(deployment, results_dir):
-    """Bring your own deployment: endpoints already running (here the fixture's); nothing started,
-    outputs checked against the baseline endpoint, no transfer records."""
-    d = deployment
-    run = run_harness(results_dir / "serve-external", "runner=serve", f"serve.endpoints.baseline={d['baseline'].url}",
-                      f"serve.endpoints.disagg={d['router']}", "serve.num_requests=6", "serve.request_rate=inf")
+def test_two_prefill_instances_and_the_prefill_token_streamed(results_dir):
+    """The README's 2P1D example: both prefill instances serve, every transfer is checked, the
+    client's TTFT is the prefill's answer, the decode's first token is recorded beside it."""
+    run = run_harness(results_dir / "serve-2p1d", *README_SERVE_2P1D)
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
-    assert s["external_endpoints"] and s["ok"] == 6 and s["match_rate"] == 1.0 and s["digest_checked"] == 0
-    assert not (run.run_dir / "servers.json").exists() and not (run.run_dir / "baseline.log").exists()
-    assert d["decode"].alive() and d["prefill"].alive()
+    assert s["status"] == "ok" and s["failed"] == 0 and s["cancelled"] >= 1 and s["match_rate"] == 1.0
+    assert s["digest_checked"] == s["ok"] and s["digest_failures"] == 0
+    assert s["kv_cache_usage_at_end"] == {"prefill0": 0.0, "prefill1": 0.0, "decode": 0.0}
+    servers = json.loads((run.run_dir / "servers.json").read_text())
+    assert set(servers) == {"baseline", "prefill0", "prefill1", "decode", "baseline_router", "router"}
+    assert all(len(read_jsonl(run.run_dir / f"prefill{i}-transfers.jsonl")) >= 4 for i in (0, 1))
+    df = load_requests(run.run_dir)
+    d = df[(df["path"] == "disagg") & (df["status"] == "ok")]
+    # the prefill's token is the client's first: it arrives right after the router's mark
+    assert (d["prefill_ttft_ms"] <= d["ttft_ms"]).all() and d["decode_ttft_ms"].notna().all()
+    assert d["match"].all() and d["digest_match"].all()
+    b = df[df["path"] == "baseline"]
+    assert b["prefill_ttft_ms"].isna().all() and b["decode_ttft_ms"].isna().all()  # no P/D, no marks
+    assert s["prefill_ttft_ms_p50"] <= s["ttft_ms_p50"] and s["decode_ttft_ms_p50"] > 0
+
+
+@pytest.mark.engine
+def test_a_request_past_its_time_limit_is_recorded_as_failed_and_the_run_goes_on(results_dir):
+    """run.request_timeout_s shorter than a request takes: each such request is failed with its
+    reason, counted, and the run still ends normally with no KV held (the router aborted them
+    upstream); the warm-up is not held to it."""
+    run = run_harness(results_dir / "serve-timeout", "runner=serve", "serve.num_requests=6", "serve.request_rate=inf",
+                      "serve.baseline_repeat=false", "sampling.max_tokens=64", "run.request_timeout_s=0.3")
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["timed_out"] >= 1 and s["failed"] == s["timed_out"] and s["slo_attainment"] < 1
+    df = load_requests(run.run_dir)
+    failed = df[df["status"] == "failed"]
+    assert len(failed) == s["timed_out"] + s["base_timed_out"] and (failed["error"] == TIMED_OUT).all()
+    assert s["kv_cache_usage_at_end"] == {"prefill": 0.0, "decode": 0.0}
 
 
 @pytest.mark.engine
@@ -280,16 +229,3 @@ def test_an_instance_that_dies_stops_the_run_with_exit_3_keeping_its_records(res
     assert summary["status"] == "engine_failed" and summary["base_requests"] >= 3
     assert len(read_jsonl(run_dir / "baseline.jsonl")) >= 3
     assert not any(group_alive(v["pid"]) for v in servers.values())
-
-
-@pytest.mark.engine
-def test_instances_stop_with_their_whole_process_group(deployment):
-    """Last of the deployment's tests: it stops the decode instance."""
-    d = deployment
-    inst = d["decode"]
-    pid = inst.proc.pid
-    group = subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True).stdout.split()
-    assert str(pid) in group and len(group) >= 2  # the API server and its engine core
-    inst.stop()
-    assert not inst.alive()
-    assert subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True).stdout.split() == []

@@ -156,6 +156,69 @@ def check_staging_pressure(tmp_path, devices=("cpu", "cpu")):
     assert got["receiver"] == (True, True)
 
 
+# --------------------------------------------------------------------------- fan-in: 2 prefill workers, 1 decode
+def _hello(k):
+    def on_open(ch):
+        ch.send("__layout__", 0, 1, torch.empty(0, dtype=torch.uint8), who=k)
+    return on_open
+
+
+def _fan_sender(rendezvous, out, kind, k):
+    ch = open_channel("sender", torch.device("cpu"), {"kind": kind, "staging_mb": 8}, rendezvous, "127.0.0.1", 60,
+                      on_open=_hello(k))
+    for i in range(6):  # 18 MiB through an 8 MiB buffer: its space must come back to this sender
+        ch.send(f"s{k}-t{i}", 0, 1, ch.alloc(3 * MiB).fill_(10 * k + i))
+    ch.flush()
+    if kind == "staged":
+        ch.alloc(8 * MiB)  # the whole buffer again: every region acknowledged to this channel
+    out.put(("sender", k))
+    out.close()
+    out.join_thread()
+    os._exit(0)
+
+
+def _fan_receiver(rendezvous, out, kind):
+    seen = []
+
+    def on_open(ch):
+        (msg,) = ch.wait("__layout__")
+        seen.append(msg.meta["who"])
+        ch.release("__layout__")
+    ch = open_channel("receiver", torch.device("cpu"), {"kind": kind, "staging_mb": 8}, rendezvous, "127.0.0.1", 60,
+                      on_open=on_open)
+    ok = []
+    for i in range(6):
+        for k in (1, 0):
+            (msg,) = ch.wait(f"s{k}-t{i}")
+            ok.append(bool((msg.payload == 10 * k + i).all()) and msg.payload.numel() == 3 * MiB)
+            ch.release(f"s{k}-t{i}")
+    out.put(("receiver", (seen, all(ok))))
+    out.close()
+    out.join_thread()
+    os._exit(0)
+
+
+@pytest.mark.parametrize("kind", ["staged", "gloo"])
+def test_a_decode_worker_takes_kv_from_two_prefill_workers(kind, tmp_path):
+    ctx = mp.get_context("spawn")
+    paths, out = [str(tmp_path / f"port{k}") for k in (0, 1)], ctx.Queue()
+    procs = [ctx.Process(target=_fan_receiver, args=(paths, out, kind)),
+             *(ctx.Process(target=_fan_sender, args=(paths[k], out, kind, k)) for k in (0, 1))]
+    for p in procs:
+        p.start()
+    try:
+        got = dict(out.get(timeout=90) for _ in range(3))
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+        remove_leftovers(paths)
+    assert all(p.exitcode == 0 for p in procs)
+    # each channel's handshake in its own turn, every payload intact, each buffer's space returned to its sender
+    assert got["receiver"] == ([0, 1], True) and got["sender"] in (0, 1)
+
+
 # --------------------------------------------------------------------------- polling for parked requests
 def _msg(tid, index, count):
     from transfer_strategies.transport.message import Message

@@ -52,18 +52,20 @@ class TransferWorker:
         self.kv = KVBlocks(kv_caches, num_blocks)
         self.digests = BlockDigests(self.kv)
         h = self.harness
+        layout = dict(self.kv.layout(), block_size=block_size)
+        # rendezvous: a list on a decode worker fed by several prefill workers (serving mode)
         self.channel = open_channel("sender" if self.is_producer else "receiver", self.kv.device, self.transport,
-                                    h["rendezvous"], h.get("host", "127.0.0.1"), self.timeout_s)
-        self._exchange_layout(dict(self.kv.layout(), block_size=block_size))
+                                    h["rendezvous"], h.get("host", "127.0.0.1"), self.timeout_s,
+                                    on_open=lambda channel: self._exchange_layout(channel, layout))
 
-    def _exchange_layout(self, mine: dict) -> None:
+    def _exchange_layout(self, channel, mine: dict) -> None:
         """Both engines must agree on layers, per-block shape, dtype and block size (not on
         num_blocks) before the first request."""
         if self.is_producer:
-            self.channel.send(LAYOUT_ID, 0, 1, torch.empty(0, dtype=torch.uint8), layout=mine)
+            channel.send(LAYOUT_ID, 0, 1, torch.empty(0, dtype=torch.uint8), layout=mine)
             return
-        theirs = self.channel.wait(LAYOUT_ID)[0].meta["layout"]
-        self.channel.release(LAYOUT_ID)
+        theirs = channel.wait(LAYOUT_ID)[0].meta["layout"]
+        channel.release(LAYOUT_ID)
         if theirs != mine:
             raise RuntimeError(f"prefill and decode KV layouts differ: prefill {theirs}, decode {mine}")
 

@@ -19,16 +19,21 @@ Transports (transport.kind):
                     receiver owns (buffers.py: shared memory on CPU, CUDA IPC on a GPU; space
                     kept by allocator.py), then a doorbell over a local socket (frames.py).
   gloo (CPU)        gloo.py: headers and payloads over gloo's TCP sockets.
-rendezvous.py: how the two find each other; inbox.py: the receiver's parked messages.
+rendezvous.py: how the two find each other; inbox.py: the receiver's parked messages;
+fan_in.py: a decode worker with channels from several prefill workers (serving mode's xPyD).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 
 from transfer_strategies.transport import buffers
 from transfer_strategies.transport import rendezvous as _rendezvous
+from transfer_strategies.transport.fan_in import FanIn
 from transfer_strategies.transport.gloo import GlooReceiver, GlooSender
+from transfer_strategies.transport.inbox import Inbox
 from transfer_strategies.transport.message import Message, as_bytes
 from transfer_strategies.transport.staged import StagedReceiver, StagedSender
 
@@ -37,34 +42,66 @@ __all__ = ["Message", "as_bytes", "open_channel", "remove_leftovers"]
 DEFAULT_STAGING_MB = {"cpu": 256, "cuda": 4096}
 
 
-def open_channel(role: str, device: torch.device, transport_cfg: dict | None, rendezvous: str, host: str,
-                 timeout_s: float):
+def open_channel(role: str, device: torch.device, transport_cfg: dict | None, rendezvous: str | list[str],
+                 host: str, timeout_s: float, on_open=None):
     """role: "sender" (prefill worker) or "receiver" (decode worker); transport_cfg: the
     `transport` config ({"kind": "staged"|"gloo", "staging_mb": int|None}); rendezvous: a file
-    through which the sender tells the receiver the port it bound; every wait is bounded by
-    timeout_s. Blocks until the other worker has opened its end."""
+    through which the sender tells the receiver the port it bound, or for a receiver fed by
+    several prefill workers one file per worker (a FanIn of channels, opened in that order);
+    every wait is bounded by timeout_s. on_open(channel) runs as each channel opens (the
+    layout handshake). Blocks until the other workers have opened their ends."""
     if role not in ("sender", "receiver"):
         raise ValueError(f"a KV channel role is 'sender' or 'receiver', not {role!r}")
+    paths = [rendezvous] if isinstance(rendezvous, str) else list(rendezvous)
+    if role == "sender" and len(paths) != 1:
+        raise ValueError(f"a prefill worker sends to one decode worker, not {len(paths)}")
     cfg = dict(transport_cfg or {})
     kind = cfg.get("kind") or "staged"
     if kind == "gloo" and device.type == "cpu":
-        return (GlooSender if role == "sender" else GlooReceiver)(rendezvous, host, timeout_s)
+        if role == "sender":
+            return _opened(GlooSender(paths[0], host, timeout_s), on_open)
+        return _receivers(paths, timeout_s, on_open, lambda path, **kw: GlooReceiver(path, host, timeout_s, **kw))
     if kind == "staged" and device.type in DEFAULT_STAGING_MB:
         if role == "sender":  # the receiver sizes the buffer
-            return StagedSender(device, rendezvous, host, timeout_s)
+            return _opened(StagedSender(device, paths[0], host, timeout_s), on_open)
         mb = cfg.get("staging_mb")
         mb = DEFAULT_STAGING_MB[device.type] if mb is None else int(mb)
         if mb <= 0:
             raise ValueError(f"transport.staging_mb must be positive, got {mb}")
-        return StagedReceiver(device, mb * 2**20, rendezvous, host, timeout_s)
+        return _receivers(paths, timeout_s, on_open,
+                          lambda path, **kw: StagedReceiver(device, mb * 2**20, path, host, timeout_s, **kw))
     raise ValueError(f"no KV transport {kind!r} for device type {device.type!r}: use transport.kind=staged "
                      f"(shared memory on CPU, CUDA IPC on GPU) or gloo (CPU)")
 
 
-def remove_leftovers(rendezvous: str) -> None:
+def _opened(channel, on_open):
+    if on_open is not None:
+        on_open(channel)
+    return channel
+
+
+def _receivers(paths: list[str], timeout_s: float, on_open, make):
+    if len(paths) == 1:
+        return _opened(make(paths[0]), on_open)
+    inbox = Inbox(timeout_s)
+    # one at a time, each handshake done before the next channel opens: the layout messages of
+    # different prefill workers share a transfer id
+    receivers = []
+    try:
+        for tag, path in enumerate(paths):
+            receivers.append(_opened(make(path, inbox=inbox, tag=tag), on_open))
+    except BaseException:
+        for r in receivers:
+            r.close()
+        raise
+    return FanIn(receivers, inbox)
+
+
+def remove_leftovers(rendezvous) -> None:
     """What a channel leaves behind when its engines were killed while opening it (the CPU
     staging buffer's name, between the decode worker creating it and both mapping it). The
-    harness calls this after stopping the engines."""
-    port = _rendezvous.published_port(str(rendezvous))
-    if port is not None:
-        buffers.remove_leftover(port)
+    harness calls this after stopping the engines; rendezvous: one path or several."""
+    for path in [rendezvous] if isinstance(rendezvous, str | Path) else rendezvous:
+        port = _rendezvous.published_port(str(path))
+        if port is not None:
+            buffers.remove_leftover(port)

@@ -71,10 +71,10 @@ class GlooSender:
 
 
 class GlooReceiver:
-    def __init__(self, rendezvous_path: str, host: str, timeout_s: float):
+    def __init__(self, rendezvous_path: str, host: str, timeout_s: float, inbox: Inbox | None = None, tag: int = 0):
         port = rendezvous.wait_for_port(rendezvous_path, timeout_s)
         self.pg = _process_group(host, port, 1, timeout_s)
-        self.inbox = Inbox(timeout_s)
+        self.inbox = inbox or Inbox(timeout_s)  # payloads are our own memory: nothing to acknowledge
         threading.Thread(target=self._receive_loop, name="kv-recv", daemon=True).start()
 
     def wait(self, transfer_id: str, index: int | None = None) -> list[Message]:
@@ -85,6 +85,9 @@ class GlooReceiver:
 
     def release(self, transfer_id: str) -> None:
         self.inbox.release(transfer_id)
+
+    def acknowledge(self, keys: list) -> None:
+        return None
 
     def close(self) -> None:
         return None

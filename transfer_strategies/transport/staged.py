@@ -210,8 +210,11 @@ class StagedSender:
 
 class StagedReceiver:
     def __init__(self, device: torch.device, staging_bytes: int, rendezvous_path: str, host: str,
-                 timeout_s: float):
+                 timeout_s: float, inbox: Inbox | None = None, tag: int = 0):
+        """inbox: one shared with the channels from other prefill workers (Receivers), in which
+        this channel's staging regions are told apart by tag."""
         self.device = device
+        self.tag = tag
         port = rendezvous.wait_for_port(rendezvous_path, timeout_s)
         self.sock = FrameSocket(rendezvous.connect(host, port, timeout_s))
         self.buffer = buffers.create_staging(device, staging_bytes, port)
@@ -223,7 +226,7 @@ class StagedReceiver:
         except (ConnectionError, TimeoutError) as e:
             raise RuntimeError(f"the prefill worker could not map the KV staging buffer: {e}") from None
         self.buffer.mapped_by_both()
-        self.inbox = Inbox(timeout_s)
+        self.inbox = inbox or Inbox(timeout_s)
         threading.Thread(target=self._receive_loop, name="kv-recv", daemon=True).start()
 
     def wait(self, transfer_id: str, index: int | None = None) -> list[Message]:
@@ -236,7 +239,11 @@ class StagedReceiver:
 
     def release(self, transfer_id: str) -> None:
         """Drop a transfer's messages once they have been used (their staging space is free again)."""
-        regions = self.inbox.release(transfer_id)
+        self.acknowledge(self.inbox.release(transfer_id))
+
+    def acknowledge(self, keys: list) -> None:
+        """Free this channel's regions among these inbox keys ((tag, region) pairs)."""
+        regions = [r for tag, r in keys if tag == self.tag]
         if regions:
             self.sock.send(Ack(regions))
 
@@ -249,12 +256,11 @@ class StagedReceiver:
                 frame = self.sock.recv()
                 if isinstance(frame, Doorbell):
                     payload = self.staging[frame.offset:frame.offset + frame.nbytes]
+                    key = None if frame.region is None else (self.tag, frame.region)
                     self.inbox.put(Message(frame.transfer_id, frame.index, frame.count, payload, frame.meta,
-                                           frame.written, time.monotonic()), frame.region)
+                                           frame.written, time.monotonic()), key)
                 elif isinstance(frame, Reclaim):
-                    freed = self.inbox.evict(frame.regions, self._move_out)
-                    if freed:
-                        self.sock.send(Ack(freed))
+                    self.acknowledge(self.inbox.evict([(self.tag, r) for r in frame.regions], self._move_out))
                 else:
                     raise RuntimeError(f"unexpected frame from the prefill worker: {frame!r}")
         except BaseException as e:  # peer gone or channel closed: wake every waiter with the cause

@@ -1,0 +1,32 @@
+"""A decode worker fed by several prefill workers (2P1D and up, serving mode): one channel per
+prefill worker, all putting their messages into one inbox, so that the decode worker waits and
+polls as with a single channel. Transfer ids are unique across prefill workers (the router
+gives each request its own), so messages cannot collide; staging regions can (each channel has
+its own buffer), so the inbox keys them by channel (tag). Why fan-in and not fan-out: a push
+sender builds its payload in the receiver's staging buffer before it knows more than the
+request, so a prefill worker has one decode peer; a decode worker can take many."""
+
+from __future__ import annotations
+
+from transfer_strategies.transport.inbox import Inbox
+from transfer_strategies.transport.message import Message
+
+
+class FanIn:
+    def __init__(self, receivers: list, inbox: Inbox):
+        self.receivers, self.inbox = receivers, inbox
+
+    def wait(self, transfer_id: str, index: int | None = None) -> list[Message]:
+        return self.inbox.wait(transfer_id, index)
+
+    def ready(self, transfer_ids: set[str], timeout_s: float = 0.0) -> set[str]:
+        return self.inbox.ready(transfer_ids, timeout_s)
+
+    def release(self, transfer_id: str) -> None:
+        keys = self.inbox.release(transfer_id)
+        for r in self.receivers:
+            r.acknowledge(keys)
+
+    def close(self) -> None:
+        for r in self.receivers:
+            r.close()
