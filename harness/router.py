@@ -165,7 +165,7 @@ class Router:
         stream = bool(body.get("stream"))
         marks, first = stream and request.headers.get(MARKS) == "1", stream and self.stream_prefill_token
         out = None
-        if marks or first:  # our own stream: what the prefill's answer gives goes in ahead of the decode's tokens
+        if marks or first:  # a stream of our own, begun now: the prefill's mark or token and the decode's lines go in
             out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
                                                           "X-Transfer-Id": transfer_id})
             await out.prepare(request)
