@@ -215,8 +215,9 @@ def test_vllm_bench_serve_agrees_with_the_harness_on_the_same_load(deployment, r
     assert run.code == 0, run.stderr[-3000:]
     after = vllm_bench("vllm-bench-serve-2")
     s = run.summary
-    # TTFT: vLLM's client sends the prompt as text, which the server tokenizes first; at the 17-20
-    # ms of this tiny model on 2 cores that costs it 3-5 ms, so TTFT is allowed 10% or 5 ms
+    # TTFT: at the 17-20 ms of this tiny model on 2 cores, a few ms move it between runs (the
+    # harness against vLLM's client: -19%, -11% and +1% in three runs; vLLM's also has its text
+    # prompt tokenized by the server), so TTFT is allowed 10% or 5 ms
     for ours, theirs, slack_ms in (("ttft_ms_p50", "median_ttft_ms", 5.0), ("tpot_ms_p50", "median_tpot_ms", 0.0)):
         reference = (before[theirs] + after[theirs]) / 2
         assert abs(s[ours] - reference) <= max(0.10 * reference, slack_ms), \
