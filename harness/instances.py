@@ -120,9 +120,32 @@ class ServerProcess:
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM to the group (vLLM shuts down cleanly), then SIGKILL until none of it is left:
-        the engine core can outlive its API server, also when the server died by itself."""
+        the engine core can outlive its API server, also when the server died by itself. Then the
+        shared-memory segments its processes had mapped and a killed process could not remove
+        (vLLM's message queues between API server and engine core) are removed."""
         if self.proc is None:
             return
+        segments = self._shared_memory()
+        try:
+            self._stop_group(grace_s)
+        finally:
+            for path in segments:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
+
+    def _shared_memory(self) -> set[str]:
+        """/dev/shm files mapped by any live process of the group."""
+        found = set()
+        pids = subprocess.run(["pgrep", "-g", str(self.proc.pid)], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as maps:
+                for line in maps:
+                    fields = line.split(maxsplit=5)  # address, perms, offset, device, inode, path
+                    if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
+                        found.add(fields[5].strip().removesuffix(" (deleted)"))
+        return found
+
+    def _stop_group(self, grace_s: float) -> None:
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)

@@ -133,6 +133,7 @@ README_SERVE = ("runner=serve", "strategy=fused", "serve.request_rate=8", "serve
 def test_the_serving_runner_checks_every_request_under_load(results_dir):
     """The README's example: instances, routers, the same schedule on both paths, every output
     and digest checked, cancelled requests leave no KV held, records the loader reads."""
+    shm_before = set(os.listdir("/dev/shm"))
     run = run_harness(results_dir / "serve-run", *README_SERVE)
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
@@ -154,6 +155,7 @@ def test_the_serving_runner_checks_every_request_under_load(results_dir):
     assert runs.loc[0, "runner.name"] == "serve" and runs.loc[0, "ttft_ms_p50"] == s["ttft_ms_p50"]
     servers = json.loads((run.run_dir / "servers.json").read_text())
     assert set(servers) == {"baseline", "prefill", "decode", "baseline_router", "router"}
+    assert set(os.listdir("/dev/shm")) - shm_before == set()  # no segment left behind
     assert not any(group_alive(v["pid"]) for v in servers.values())
 
 
@@ -208,6 +210,7 @@ def test_a_request_past_its_time_limit_is_recorded_as_failed_and_the_run_goes_on
 def test_an_instance_that_dies_stops_the_run_with_exit_3_keeping_its_records(results_dir):
     run_dir = results_dir / "serve-death"
     shutil.rmtree(run_dir, ignore_errors=True)
+    shm_before = set(os.listdir("/dev/shm"))
     cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}", "device=cpu", "runner=serve",
            "serve.num_requests=400", "serve.request_rate=4", "serve.baseline_repeat=false"]
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -229,3 +232,6 @@ def test_an_instance_that_dies_stops_the_run_with_exit_3_keeping_its_records(res
     assert summary["status"] == "engine_failed" and summary["base_requests"] >= 3
     assert len(read_jsonl(run_dir / "baseline.jsonl")) >= 3
     assert not any(group_alive(v["pid"]) for v in servers.values())
+    # vLLM's shared memory of the killed instance (and of the others) is gone with them; a
+    # 32-byte semaphore of the killed process may stay (sem.mp-*: only it had it mapped)
+    assert {f for f in set(os.listdir("/dev/shm")) - shm_before if not f.startswith("sem.mp-")} == set()
