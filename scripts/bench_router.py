@@ -2,11 +2,11 @@
 requests sent straight to one `vllm serve` instance and through `python -m harness.router` in
 front of it, alternated request by request in one run so that both see the same machine.
 
-    python scripts/bench_router.py [--requests 64] [--prompt-len 128] [--max-tokens 8] [harness overrides ...]
+    python scripts/bench_router.py [--requests 64] [--prompt-len 128] [--max-tokens 8] [--out DIR] [overrides ...]
 
 Prints TTFT and E2E medians per path with their 95% bootstrap intervals, and the median of the
 per-pair differences (router minus direct) with its interval; writes them with every pair to
-results/bench/router_<time>/router.json. The overrides choose the engine as for the harness
+results/bench/router_<time>/router.json (or DIR/router.json). The overrides choose the engine as for the harness
 (default: the CPU, tiny-llama); one request in flight at a time.
 """
 
@@ -59,6 +59,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--out", type=Path, default=None, help="run directory (default: results/bench/router_<time>)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -66,8 +67,8 @@ def main() -> int:
                                            f"workload.num_prompts={a.requests}", *a.overrides])
     OmegaConf.resolve(cfg)
     device, workload = checked_inputs(cfg)
-    out = ROOT / "results" / "bench" / time.strftime("router_%Y-%m-%d_%H-%M-%S")
-    out.mkdir(parents=True)
+    out = a.out or ROOT / "results" / "bench" / time.strftime("router_%Y-%m-%d_%H-%M-%S")
+    out.mkdir(parents=True, exist_ok=True)
     instance = vllm_instance("instance", engine_args(cfg, device), engine_env(cfg, device, cfg.device.baseline_gpu),
                              out / "instance.log")
     router = None

@@ -196,7 +196,7 @@ def test_a_request_past_its_time_limit_is_recorded_as_failed_and_the_run_goes_on
     reason, counted, and the run still ends normally with no KV held (the router aborted them
     upstream); the warm-up is not held to it."""
     run = run_harness(results_dir / "serve-timeout", "runner=serve", "serve.num_requests=6", "serve.request_rate=inf",
-                      "serve.baseline_repeat=false", "sampling.max_tokens=64", "run.request_timeout_s=0.3")
+                      "serve.baseline_repeat=false", "sampling.max_tokens=256", "run.request_timeout_s=0.3")
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
     assert s["timed_out"] >= 1 and s["failed"] == s["timed_out"] and s["slo_attainment"] < 1
@@ -235,3 +235,40 @@ def test_an_instance_that_dies_stops_the_run_with_exit_3_keeping_its_records(res
     # vLLM's shared memory of the killed instance (and of the others) is gone with them; a
     # 32-byte semaphore of the killed process may stay (sem.mp-*: only it had it mapped)
     assert {f for f in set(os.listdir("/dev/shm")) - shm_before if not f.startswith("sem.mp-")} == set()
+
+
+@pytest.mark.engine
+def test_the_router_benchmark_runs_as_the_readme_shows(results_dir):
+    out = results_dir / "bench-router"
+    shutil.rmtree(out, ignore_errors=True)
+    p = subprocess.run([sys.executable, "scripts/bench_router.py", "--requests", "4", "--prompt-len", "32",
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    result = json.loads((out / "router.json").read_text())
+    assert result["requests"] == len(result["pairs"]) == 4 and "router adds" in p.stdout
+    assert all(pair["router_ttft_ms"] > 0 and pair["direct_ttft_ms"] > 0 for pair in result["pairs"])
+
+
+def test_the_crosscheck_benchmark_refuses_bad_input_before_starting_anything(results_dir):
+    out = results_dir / "bench-crosscheck-bad"
+    shutil.rmtree(out, ignore_errors=True)
+    p = subprocess.run([sys.executable, "scripts/bench_crosscheck.py", "--prompt-len", "2048", "--max-tokens", "64",
+                        "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].startswith("error: prompt 0")
+    assert not out.exists()
+
+
+@pytest.mark.engine
+def test_the_crosscheck_benchmark_runs_as_the_readme_shows(results_dir):
+    """The same cross-check as tests/test_serve_deployment.py, on an instance of the script's own
+    (its prefix cache off); the figures' agreement is that test's to check."""
+    out = results_dir / "bench-crosscheck"
+    shutil.rmtree(out, ignore_errors=True)
+    # the harness's measured pass (about 10 s) outlasts vLLM's client's start (about 4 s) and run
+    p = subprocess.run([sys.executable, "scripts/bench_crosscheck.py", "--requests", "64", "--vllm-requests", "4",
+                        "--prompt-len", "128", "--max-tokens", "32", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    result = json.loads((out / "crosscheck.json").read_text())
+    assert result["outputs_match"] and result["vllm_requests"] == 4 and result["harness_requests"] == 64
+    assert result["harness_requests_during"] >= 1 and result["tpot_ms_ratio"] > 0 and "ttft_ms p50" in p.stdout

@@ -8,6 +8,7 @@ agrees with the harness's client; `runner=serve` measures the running deployment
 from __future__ import annotations
 
 import json
+import runpy
 import shutil
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from harness.instances import vllm_instance
 from harness.run import engine_args, engine_env, free_port, transfer_config
 from tests.conftest import ROOT, run_harness
 from tests.test_serve_cpu import config
+
+crosscheck = runpy.run_path(str(ROOT / "scripts" / "bench_crosscheck.py"))["crosscheck"]
 
 PROMPTS = [[(7 * i + 3 * k) % 500 + 3 for i in range(n)] for k, n in enumerate((5, 40, 97, 130, 33, 64))]
 MAX_TOKENS = 8
@@ -128,14 +131,15 @@ def test_the_router_answers_as_a_colocated_instance_with_every_transfer_checked(
     for _ in range(100):  # a prefill worker writes its record once its KV is sent, maybe after the answer
         per_prefill = [records(p) for p in d["prefills"]]
         sent, received = {**per_prefill[0], **per_prefill[1]}, records("decode")
-        if set(sent) == {*first, *again}:
+        if set(sent) == set(received) == {*first, *again}:
             break
         time.sleep(0.1)
     assert set(sent) == {*first, *again} and all(len(s) >= 4 for s in per_prefill)  # round robin over both
-    # A repeated prompt found whole in the decode engine's prefix cache is answered without waiting
-    # for its KV; its record comes when the KV does and the engine steps again, which an idle engine
-    # may not do before this check: the first requests' records are all in
-    assert set(first) <= set(received) <= set(sent)
+    # The third repeated prompt (96 tokens before its last, three blocks) is found whole in the
+    # decode engine's prefix cache and answered before its KV comes; the KV is still taken and
+    # checked when it comes, though the idle engine does not step again
+    assert received["again-2"]["skip_blocks"] == received["again-2"]["blocks"] == 3
+    assert set(received) == set(sent)
     assert all(sent[t]["digests"] == received[t]["digests"] and received[t]["error"] is None for t in received)
     assert_no_block_held(d)
 
@@ -183,66 +187,20 @@ def test_vllm_bench_serve_agrees_with_the_harness_on_the_same_load(deployment, r
     vLLM's client alone differs from itself by up to a factor of 2 between runs a minute apart
     (4.3 and 9.7 ms TPOT), because the engine's two processes spin on the shared-memory queue
     between them and take both cores. Compared: vLLM's medians against the harness's requests
-    sent while vLLM's ran; measured here over four runs, TPOT within 2-15% and TTFT within 3-15%
-    (the test: TPOT within a factor of 1.33, TTFT of 1.5). vLLM's figures are kept in
-    serve-crosscheck-vllm-bench/."""
-    d, n_ours, n_theirs, prompt_len, out_len = deployment, 48, 16, 256, 32
-    run_dir, bench_dir = results_dir / "serve-crosscheck", results_dir / "serve-crosscheck-vllm-bench"
-    shutil.rmtree(bench_dir, ignore_errors=True)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    bench_args = ["bench", "serve", "--backend", "vllm", "--base-url", d["router_colocated"], "--model", d["model"],
-                  "--dataset-name", "random", "--random-input-len", str(prompt_len), "--random-output-len",
-                  str(out_len), "--random-range-ratio", "0", "--num-prompts", str(n_theirs), "--request-rate", "inf",
-                  "--max-concurrency", "1", "--ignore-eos", "--seed", "1", "--save-result", "--save-detailed",
-                  # what the harness's client asks for too: the same work on the server
-                  "--logprobs", "1", "--extra-body", json.dumps({"return_token_ids": True}),
-                  "--result-dir", str(bench_dir), "--result-filename", "vllm-bench-serve.json",
-                  "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,99"]
-    # vLLM's CLI imported before the harness's measured pass begins, then let go with one line
-    bench = subprocess.Popen(
-        [sys.executable, "-c", "import sys, harness.vllm_cli, vllm.benchmarks.serve\n"
-         "from vllm.entrypoints.cli.main import main\n"
-         f"sys.stdin.readline(); sys.argv = ['vllm', *{bench_args!r}]; sys.exit(main())"],
-        cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    sent while vLLM's ran; measured here over five runs, TPOT within 0-22% and TTFT within 3-18%
+    (the clients themselves share the 2 cores; the test holds a factor of 1.5). On one H200
+    (scripts/bench_crosscheck.py) they agreed within 1.3%. scripts/bench_crosscheck.py runs the
+    same on a deployment of its own; both clients' records are kept in serve-crosscheck/."""
+    d, out = deployment, results_dir / "serve-crosscheck"
+    shutil.rmtree(out, ignore_errors=True)
     # the harness's reference pass goes through the P/D router: other instances, so that the
     # measured pass finds none of its prompts in the colocated instance's prefix cache (nor does vLLM's)
-    ours = subprocess.Popen(
-        [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}", "device=cpu", "runner=serve",
-         f"serve.endpoints.baseline={d['router']}", f"serve.endpoints.disagg={d['router_colocated']}",
-         "workload=synthetic", f"workload.prompt_len={prompt_len}", f"workload.num_prompts={n_ours}",
-         f"serve.num_requests={n_ours}", "serve.request_rate=inf", "serve.max_concurrency=1",
-         "serve.baseline_repeat=false", f"sampling.max_tokens={out_len}"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        reference = run_dir / "baseline.jsonl"
-        while not (reference.exists() and reference.read_text().count("\n") == n_ours):
-            assert ours.poll() is None, ours.stdout.read()[-3000:]
-            time.sleep(0.02)
-        t_measured = time.monotonic()  # the harness's measured pass begins (its clock: time.monotonic)
-        bench.stdin.write("go\n")
-        bench.stdin.flush()
-        bench_out, _ = bench.communicate(timeout=600)
-        ours_out, _ = ours.communicate(timeout=600)
-    finally:
-        for p in (bench, ours):
-            p.kill()
-    assert bench.returncode == 0, bench_out[-3000:]
-    assert ours.returncode == 0, ours_out[-3000:]
-    theirs = json.loads((bench_dir / "vllm-bench-serve.json").read_text())
-    assert theirs["completed"] == n_theirs and theirs["failed"] == 0
-    # vLLM's start times are time.perf_counter(), the same clock as time.monotonic() on Linux
-    begin = min(theirs["start_times"]) - t_measured
-    end = max(t + lat for t, lat in zip(theirs["start_times"], theirs["latencies"], strict=True)) - t_measured
-    rows = [json.loads(line) for line in (run_dir / "requests.jsonl").read_text().splitlines()]
-    assert all(r["status"] == "ok" and r["match"] for r in rows)
-    during = [r for r in rows if begin <= r["sent_s"] and r["sent_s"] + r["e2e_ms"] / 1e3 <= end]
-    assert len(during) >= n_theirs // 2, (begin, end, [r["sent_s"] for r in rows])
+    result = crosscheck(d["router_colocated"], d["router"], d["model"], out, overrides=("device=cpu",))
+    print(result)
+    assert result["outputs_match"] and result["harness_requests_during"] >= result["vllm_requests"] // 2
     # TPOT: the two clients' requests share every decode step. TTFT: vLLM's client sends text,
     # which the server tokenizes first, the harness's sends token ids
-    for key, theirs_key, bound in (("tpot_ms", "median_tpot_ms", 1.33), ("ttft_ms", "median_ttft_ms", 1.5)):
-        ours_median = float(np.median([r[key] for r in during]))
-        print(f"{key} p50: harness {ours_median:.2f} ({len(during)} requests), vllm bench {theirs[theirs_key]:.2f}")
-        assert 1 / bound <= ours_median / theirs[theirs_key] <= bound, (key, ours_median, theirs[theirs_key])
+    assert 1 / 1.5 <= result["tpot_ms_ratio"] <= 1.5 and 1 / 1.5 <= result["ttft_ms_ratio"] <= 1.5, result
 
 
 @pytest.mark.engine

@@ -221,6 +221,45 @@ def test_a_decode_worker_takes_kv_from_two_prefill_workers(kind, tmp_path):
     assert got["receiver"] == ([0, 1], True) and got["sender"] in (0, 1)
 
 
+# --------------------------------------------------------------------------- transfers nothing waits for
+def _unwaited_sender(rendezvous, out, kind):
+    ch = _open("sender", rendezvous, kind)
+    ch.send("drain", 0, 2, ch.alloc(3 * MiB).fill_(1))
+    ch.send("drain", 1, 2, ch.alloc(3 * MiB).fill_(2))
+    ch.flush()
+    os._exit(0)
+
+
+def _unwaited_receiver(rendezvous, out, kind):
+    import threading
+
+    ch = _open("receiver", rendezvous, kind)
+    done = threading.Event()
+    got = []
+
+    def taken(msgs):  # what the decode worker does for a request that loads nothing: take it, free it
+        got.append(([m.index for m in msgs], threading.current_thread().name, [float(m.payload[0]) for m in msgs]))
+        ch.release("drain")
+        done.set()
+    ch.when_complete("drain", taken)  # before anything came, and no engine step polls afterwards
+    assert done.wait(60)
+    ch.when_complete("late", lambda msgs: got.append("late"))  # never comes: never called
+    now = []
+    ch.when_complete("drain-again", lambda msgs: now.append(msgs))
+    out.put((got, ch.inbox.release("drain"), now))  # nothing left to release: the callback did
+    out.close()
+    out.join_thread()
+    os._exit(0)
+
+
+@pytest.mark.parametrize("kind", ["staged", "gloo"])
+def test_a_transfer_nothing_waits_for_is_taken_by_the_receiver_thread_when_it_comes(kind, tmp_path):
+    """A decode request whose blocks were all in the decode engine's prefix cache: its KV still
+    comes, and must be checked and its staging space freed though no engine step may follow."""
+    ((got, still_there, now),) = _run_pair(tmp_path, _unwaited_sender, _unwaited_receiver, kind)
+    assert got == [([0, 1], "kv-recv", [1.0, 2.0])] and still_there == [] and now == []
+
+
 # --------------------------------------------------------------------------- polling for parked requests
 def _msg(tid, index, count):
     from transfer_strategies.transport.message import Message
@@ -248,3 +287,19 @@ def test_ready_says_which_transfers_are_whole_and_waits_only_for_any_arrival():
     inbox.fail(ConnectionError("peer gone"))
     with pytest.raises(RuntimeError, match="peer gone"):
         inbox.ready({"b"})
+
+
+def test_a_decode_worker_fed_by_two_channels_goes_on_when_one_closes():
+    """Fan-in: the KV of a prefill worker that is gone ends as late KV does (the timeout), while
+    the other prefill worker's keeps arriving; only when both are gone does every wait fail."""
+    from transfer_strategies.transport.inbox import Inbox
+
+    inbox = Inbox(timeout_s=0.2, channels=2)
+    inbox.fail(ConnectionError("prefill 0 gone"))
+    inbox.put(_msg("from-1", 0, 1))
+    assert inbox.ready({"from-0", "from-1"}) == {"from-1"} and len(inbox.wait("from-1")) == 1
+    with pytest.raises(TimeoutError):
+        inbox.wait("from-0")
+    inbox.fail(ConnectionError("prefill 1 gone"))
+    with pytest.raises(RuntimeError, match="prefill 1 gone"):
+        inbox.ready({"from-0"})

@@ -1,7 +1,6 @@
 """The decode worker's requests that wait inside vLLM for their KV (early submission, see
-scheduler.py): which are parked, which messages are to be taken without loading anything
-(drains), which vLLM may release, which were cancelled (their KV is dropped when it comes), and
-which waited longer than the timeout (their blocks are reported to vLLM as failed loads).
+scheduler.py): which are parked, which vLLM may release, which were cancelled, and which waited
+longer than the timeout (their blocks are reported to vLLM as failed loads).
 """
 
 from __future__ import annotations
@@ -17,49 +16,42 @@ class ParkedRequests:
     def __init__(self, timeout_s: float):
         self.timeout_s = timeout_s
         self._parked: dict[str, tuple[TransferRequest, float]] = {}  # req id -> (request, parked at)
-        self._drains: list[TransferRequest] = []
         self._released: set[str] = set()  # req ids vLLM may release (loaded, failed or cancelled)
         self._unscheduled: set[str] = set()  # released, not scheduled yet: no step may wait before it is
-        self._discard: set[str] = set()  # transfer ids of cancelled requests: their KV is dropped on arrival
         self._failed_blocks: set[int] = set()
 
     def park(self, req: TransferRequest) -> None:
         self._parked[req.req_id] = (req, time.monotonic())
 
-    def drain(self, req: TransferRequest) -> None:
-        self._drains.append(req)
-
-    def cancel(self, req_id: str) -> None:
+    def cancel(self, req_id: str) -> str | None:
         """vLLM finished the request while it was parked (aborted, or failed): it frees its blocks
-        once told, and the KV, if it still comes, is dropped."""
+        once told. Returns its transfer id if it was parked (its KV, if it still comes, is to be
+        dropped)."""
         parked = self._parked.pop(req_id, None)
-        if parked is not None:
-            self._released.add(req_id)
-            self._discard.add(parked[0].transfer_id)
         self._unscheduled.discard(req_id)
+        if parked is None:
+            return None
+        self._released.add(req_id)
+        return parked[0].transfer_id
 
     def scheduled(self, req_ids) -> None:
         self._unscheduled.difference_update(req_ids)
 
     def poll(self, channel, idle: bool) -> tuple[list[TransferRequest], list[TransferRequest]]:
-        """(requests whose messages have all arrived, parked requests past the timeout). In a step
+        """(parked requests whose messages have all arrived, those past the timeout). In a step
         with nothing to compute (idle) it waits a little for a message first, unless a released
         request is still to be scheduled (vLLM does that a step or two later). The arrived and
         expired parked requests are released; the expired ones' blocks become load errors."""
-        waiting = [r for r, _ in self._parked.values()] + self._drains
-        if not waiting and not self._discard:
+        waiting = [r for r, _ in self._parked.values()]
+        if not waiting:
             return [], []
-        wait = idle and waiting and not self._unscheduled
-        ready = channel.ready({r.transfer_id for r in waiting} | self._discard, IDLE_WAIT_S if wait else 0.0)
-        for tid in self._discard & ready:
-            channel.release(tid)
-        self._discard -= ready
+        wait = idle and not self._unscheduled
+        ready = channel.ready({r.transfer_id for r in waiting}, IDLE_WAIT_S if wait else 0.0)
         late = time.monotonic() - self.timeout_s
         expired = [r for r, since in self._parked.values() if r.transfer_id not in ready and since < late]
         for r in expired:
             self._failed_blocks.update(r.block_ids[r.skip_blocks:])
         arrived = [r for r in waiting if r.transfer_id in ready]
-        self._drains = [r for r in self._drains if r.transfer_id not in ready]
         for r in arrived + expired:
             if self._parked.pop(r.req_id, None) is not None:
                 self._released.add(r.req_id)

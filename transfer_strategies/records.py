@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,12 +73,14 @@ class TransferRecordWriter:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self._lock = threading.Lock()  # the engine's thread and the channel's receiver thread write
 
     def write(self, record: TransferRecord) -> None:
         # Opened per record: a worker writes a few per step, and a file left open would need a
         # close hook that vLLM does not always call when an engine is killed
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record.to_dict()) + "\n")
+        line = json.dumps(record.to_dict()) + "\n"
+        with self._lock, open(self.path, "a") as f:
+            f.write(line)
 
 
 class TransferRecordReader:

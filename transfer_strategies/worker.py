@@ -105,9 +105,13 @@ class TransferWorker:
         for req in meta.drains:
             if self.verify:  # now, while the request holds its blocks; the message may come later
                 req.digests = self.digests(req.block_ids)
-            self.parking.drain(req)
+            req.clock = time.monotonic()
+            scheduled = meta.scheduled.pop(req.req_id, None)
+            self.channel.when_complete(req.transfer_id, lambda msgs, req=req, t=scheduled: self._drained(req, msgs, t))
         for rid in meta.cancelled:
-            self.parking.cancel(rid)
+            tid = self.parking.cancel(rid)
+            if tid is not None:
+                self._drop(tid)
             if rid in self._unwritten:  # loaded, then finished before vLLM scheduled it
                 self._write_receive(self._unwritten.pop(rid), rid)
         self.parking.scheduled(meta.scheduled)
@@ -121,9 +125,29 @@ class TransferWorker:
         them now); parked requests past the timeout fail here."""
         arrived, expired = self.parking.poll(self.channel, idle)
         for req in expired:
+            self._drop(req.transfer_id)
             self._record(req, "receive", error=f"no KV arrived for transfer {req.transfer_id} within "
                                                 f"{self.timeout_s:.0f} s", t_admitted=req.t_admitted)
         return arrived
+
+    def _drop(self, transfer_id: str) -> None:
+        """The KV of a request that no longer wants it is released when (if) it comes."""
+        self.channel.when_complete(transfer_id, lambda msgs: self.channel.release(transfer_id))
+
+    def _drained(self, req: TransferRequest, msgs: list[Message], t_scheduled: float | None) -> None:
+        """A request whose every block was in this engine's prefix cache: its message is taken
+        (the sender's space freed) and checked against the digests of the blocks it would have
+        filled, taken when vLLM scheduled it. Runs in the channel's receiver thread when the
+        message comes after the request was scheduled: the engine may never step again."""
+        self.channel.release(req.transfer_id)
+        t_end = time.monotonic()
+        sent_at = msgs[0].meta.get("t0", req.clock) if msgs else req.clock
+        delivered = max((m.delivered for m in msgs), default=req.clock)
+        arrived = max((m.arrived for m in msgs), default=req.clock)
+        req.bytes, req.messages = sum(m.payload.numel() for m in msgs), len(msgs)
+        self._record(req, "receive", transfer_ms=(delivered - sent_at) * 1e3, notify_ms=(arrived - delivered) * 1e3,
+                     load_ms=0.0, ready_ms=(arrived - sent_at) * 1e3, t_admitted=req.t_admitted, t_arrived=arrived,
+                     t_load_start=t_end, t_kv_ready=t_end, t_decode_scheduled=t_scheduled)
 
     def finished_receiving(self) -> set[str]:
         return self.parking.released()
@@ -177,7 +201,7 @@ class TransferWorker:
             skip_blocks=req.skip_blocks, tokens=req.num_tokens, kv_cache_blocks=self.kv.num_blocks,
             kv_cache_bytes=self.kv.cache_bytes(), bytes=req.bytes, messages=req.messages,
             digests=digests, digest_ms=digest_ms, **times)
-        if side == "send":
+        if side == "send" or "t_decode_scheduled" in times:
             self.records.write(record)
         elif req.req_id in self._scheduled_at or "error" in times:
             self._write_receive(record, req.req_id)

@@ -13,6 +13,8 @@ can send tensors of any dtype and shape; the receiver views the bytes back as it
     receiver.wait(transfer_id) -> [Message]; ...; receiver.release(transfer_id)
     receiver.ready({transfer_id, ...}, timeout_s) -> the ids whose messages are all in (no blocking
                                           past timeout_s: for requests parked in vLLM)
+    receiver.when_complete(transfer_id, fn)  fn(messages) as soon as all are in, from the receiver's
+                                          thread: for transfers no engine step waits for
 
 Transports (transport.kind):
   staged (default)  staged.py: the payload is written straight into a staging buffer the
@@ -83,7 +85,7 @@ def _opened(channel, on_open):
 def _receivers(paths: list[str], timeout_s: float, on_open, make):
     if len(paths) == 1:
         return _opened(make(paths[0]), on_open)
-    inbox = Inbox(timeout_s)
+    inbox = Inbox(timeout_s, channels=len(paths))
     # one at a time, each handshake done before the next channel opens: the layout messages of
     # different prefill workers share a transfer id
     receivers = []

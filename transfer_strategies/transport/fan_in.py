@@ -4,7 +4,8 @@ polls as with a single channel. Transfer ids are unique across prefill workers (
 gives each request its own), so messages cannot collide; staging regions can (each channel has
 its own buffer), so the inbox keys them by channel (tag). Why fan-in and not fan-out: a push
 sender builds its payload in the receiver's staging buffer before it knows more than the
-request, so a prefill worker has one decode peer; a decode worker can take many."""
+request, so a prefill worker has one decode peer; a decode worker can take many. A channel that
+closes (its prefill worker gone) fails only the transfers it would have brought (inbox.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ class FanIn:
 
     def ready(self, transfer_ids: set[str], timeout_s: float = 0.0) -> set[str]:
         return self.inbox.ready(transfer_ids, timeout_s)
+
+    def when_complete(self, transfer_id: str, fn) -> None:
+        self.inbox.when_complete(transfer_id, fn)
 
     def release(self, transfer_id: str) -> None:
         keys = self.inbox.release(transfer_id)

@@ -83,6 +83,9 @@ class GlooReceiver:
     def ready(self, transfer_ids: set[str], timeout_s: float = 0.0) -> set[str]:
         return self.inbox.ready(transfer_ids, timeout_s)
 
+    def when_complete(self, transfer_id: str, fn) -> None:
+        self.inbox.when_complete(transfer_id, fn)
+
     def release(self, transfer_id: str) -> None:
         self.inbox.release(transfer_id)
 

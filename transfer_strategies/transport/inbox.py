@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -27,18 +28,23 @@ class _Transfer:
 
 class Inbox:
     """Filled by the receiver thread (`put`), emptied by the decode worker (`wait`, `release`).
-    Every wait is bounded by timeout_s; a failed receiver thread (`fail`) wakes every waiter
-    with its cause."""
+    Every wait is bounded by timeout_s. Fed by `channels` receiver threads (fan-in: one per
+    prefill worker); once every one has failed (`fail`), every waiter wakes with the cause. While
+    one still runs, the others' transfers that never came end as any late KV does: at the timeout,
+    reported to vLLM as failed loads, while the other prefill workers' KV goes on arriving."""
 
-    def __init__(self, timeout_s: float):
+    def __init__(self, timeout_s: float, channels: int = 1):
         self.timeout_s = timeout_s
+        self._channels_left = channels
         self._cond = threading.Condition()
         self._transfers: dict[str, _Transfer] = {}
         self._staged: dict[int, _Parked] = {}  # staging region -> the message whose payload is there
         self._error: BaseException | None = None
         self._puts = 0  # messages put so far
+        self._on_complete: dict[str, Callable[[list[Message]], None]] = {}  # see when_complete
 
     def put(self, msg: Message, region: int | None = None) -> None:
+        done = None
         with self._cond:
             transfer = self._transfers.setdefault(msg.transfer_id, _Transfer())
             parked = transfer.parked[msg.index] = _Parked(msg, region)
@@ -46,12 +52,40 @@ class Inbox:
             self._puts += 1
             if region is not None:
                 self._staged[region] = parked
+            if msg.transfer_id in self._on_complete and self._complete(msg.transfer_id):
+                done = self._on_complete.pop(msg.transfer_id), self._take(msg.transfer_id)
             self._cond.notify_all()
+        if done is not None:  # outside the lock: it releases the transfer
+            fn, msgs = done
+            fn(msgs)
+
+    def when_complete(self, transfer_id: str, fn: Callable[[list[Message]], None]) -> None:
+        """fn(messages) once every message of this transfer has arrived: at once if they have,
+        else from the receiver thread as it puts the last one. For transfers no engine step
+        waits for (a request that loads nothing, a cancelled one): the engine may not step
+        again, and the sender's staging space must come back all the same."""
+        with self._cond:
+            if not self._complete(transfer_id):
+                self._on_complete[transfer_id] = fn
+                return
+            msgs = self._take(transfer_id)
+        fn(msgs)
+
+    def _take(self, transfer_id: str) -> list[Message]:
+        transfer = self._transfers[transfer_id]
+        parked = [transfer.parked[i] for i in range(transfer.count)]
+        for p in parked:
+            p.taken = True
+        return [p.message for p in parked]
 
     def fail(self, error: BaseException) -> None:
         with self._cond:
-            self._error = error
-            self._cond.notify_all()
+            self._channels_left -= 1
+            if self._channels_left <= 0:
+                self._error = error
+                self._cond.notify_all()
+                return
+        print(f"[kv] a KV channel closed ({error}); {self._channels_left} still open", file=sys.stderr, flush=True)
 
     def _complete(self, transfer_id: str, index: int | None = None) -> bool:
         transfer = self._transfers.get(transfer_id)
@@ -93,12 +127,11 @@ class Inbox:
                 if left <= 0:
                     raise TimeoutError(f"no KV arrived for transfer {transfer_id} within {self.timeout_s:.0f} s")
                 self._cond.wait(min(left, 1.0))
-            transfer = self._transfers[transfer_id]
-            wanted = [index] if index is not None else range(transfer.count)
-            parked = [transfer.parked[i] for i in wanted]
-            for p in parked:
-                p.taken = True
-            return [p.message for p in parked]
+            if index is None:
+                return self._take(transfer_id)
+            parked = self._transfers[transfer_id].parked[index]
+            parked.taken = True
+            return [parked.message]
 
     def release(self, transfer_id: str) -> list[int]:
         """Drop a transfer's messages once they have been used; returns the staging regions they

@@ -19,6 +19,7 @@ extra copy is the receiver's, off both engines' critical path, and on a GPU devi
 
 from __future__ import annotations
 
+import contextlib
 import pickle
 import queue
 import threading
@@ -237,6 +238,9 @@ class StagedReceiver:
         """Those transfers whose messages have all arrived (waiting up to timeout_s for one)."""
         return self.inbox.ready(transfer_ids, timeout_s)
 
+    def when_complete(self, transfer_id: str, fn) -> None:
+        self.inbox.when_complete(transfer_id, fn)
+
     def release(self, transfer_id: str) -> None:
         """Drop a transfer's messages once they have been used (their staging space is free again)."""
         self.acknowledge(self.inbox.release(transfer_id))
@@ -245,7 +249,8 @@ class StagedReceiver:
         """Free this channel's regions among these inbox keys ((tag, region) pairs)."""
         regions = [r for tag, r in keys if tag == self.tag]
         if regions:
-            self.sock.send(Ack(regions))
+            with contextlib.suppress(OSError):  # the prefill worker is gone: no one to give the space back to
+                self.sock.send(Ack(regions))
 
     def close(self) -> None:
         self.sock.close()
