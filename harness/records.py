@@ -16,6 +16,7 @@ import importlib.metadata
 import json
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 from harness.schema import CRITICAL_PATH, OVERHEAD_PARTS, SCHEMA_VERSION, SUMMARY_METRICS, UNVERSIONED
@@ -36,6 +37,16 @@ class JsonlWriter:
 
     def close(self) -> None:
         self._f.close()
+
+
+def ended_early(e: BaseException, run_dir: Path) -> tuple[str, int, str]:
+    """(status, exit code, error) of a run that an engine's or instance's death (exit 3) or the
+    user (Ctrl-C, exit 130) ended; says so, and where the records written so far are."""
+    if isinstance(e, KeyboardInterrupt):
+        print(f"\ninterrupted; records written so far are in {run_dir}", file=sys.stderr)
+        return "interrupted", 130, "interrupted"
+    print(f"\nerror: {e}\nRecords written so far are in {run_dir}", file=sys.stderr)
+    return "engine_failed", 3, str(e)
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -22,7 +22,7 @@ from harness.ceiling import copy_ceiling_gbps
 from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.compare import compare_outputs
 from harness.engine_process import EngineDied, EngineProcess, next_events, wait_ready
-from harness.records import PROJECT_ROOT, JsonlWriter, format_table, run_summary, versions, write_json
+from harness.records import PROJECT_ROOT, JsonlWriter, ended_early, format_table, run_summary, versions, write_json
 from harness.schema import CRITICAL_PATH, OVERHEAD_PARTS, BaselineRow, RequestRow
 from harness.tracking import make_tracker
 from harness.workload import Prompt, Workload, WorkloadError
@@ -423,12 +423,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         timings["disagg_s"] = time.monotonic() - t0
         # every request has finished: a block still held is a leak (a parked request never released)
         kv_in_use = {n: engines[n].usage()["kv_blocks_in_use"] for n in ("prefill", "decode")}
-    except EngineDied as e:
-        status, code, error = "engine_failed", 3, str(e)
-        print(f"\nerror: {e}\nRecords written so far are in {run_dir}", file=sys.stderr)
-    except KeyboardInterrupt:
-        status, code, error = "interrupted", 130, "interrupted"
-        print(f"\ninterrupted; records written so far are in {run_dir}", file=sys.stderr)
+    except (EngineDied, KeyboardInterrupt) as e:
+        status, code, error = ended_early(e, run_dir)
     finally:
         t0 = time.monotonic()
         for e in engines.values():

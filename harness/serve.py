@@ -38,7 +38,7 @@ from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.compare import compare_outputs
 from harness.instances import InstanceDied, ServerProcess, router_process, vllm_instance
 from harness.load import ClientResult, LoadError, LoadSpec, ScheduledRequest, arrival_schedule, send_all
-from harness.records import JsonlWriter, versions, write_json
+from harness.records import JsonlWriter, ended_early, versions, write_json
 from harness.run import TransferStats, engine_args, engine_env, free_port, pulls, transfer_config, warmup_workload
 from harness.schema import ServeRow
 from harness.serve_summary import format_serve_summary, serve_summary
@@ -344,12 +344,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                 base = {r.index: r for r in results}
         if not deployment.external:
             kv_usage = deployment.kv_usage()
-    except InstanceDied as e:
-        status, code, error = "engine_failed", 3, str(e)
-        print(f"\nerror: {e}\nRecords written so far are in {run_dir}", file=sys.stderr)
-    except KeyboardInterrupt:
-        status, code, error = "interrupted", 130, "interrupted"
-        print(f"\ninterrupted; records written so far are in {run_dir}", file=sys.stderr)
+    except (InstanceDied, KeyboardInterrupt) as e:
+        status, code, error = ended_early(e, run_dir)
     finally:
         t0 = time.monotonic()
         deployment.stop(grace_s=10 if status == "ok" else 1)
