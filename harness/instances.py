@@ -184,3 +184,21 @@ def router_process(name: str, prefill: list[str], decode: list[str], log_path: P
     for url in decode:
         cmd += ["--decode", url]
     return ServerProcess(name, cmd, {"PYTHONPATH": str(PROJECT_ROOT)}, log_path, port)
+
+
+@contextlib.contextmanager
+def instance_behind_router(args: dict, env: dict, out: Path, startup_timeout_s: float):
+    """One `vllm serve` instance with the project's router in front of it (a plain load
+    balancer), logs in `out`, both stopped on the way out: the benchmark scripts' deployment.
+    Yields (instance, router)."""
+    instance = vllm_instance("instance", args, env, out / "instance.log")
+    router = None
+    try:
+        instance.start().wait_healthy(startup_timeout_s)
+        router = router_process("router", [], [instance.url], out / "router.log").start()
+        router.wait_healthy(60)
+        yield instance, router
+    finally:
+        for s in (router, instance):
+            if s is not None:
+                s.stop()

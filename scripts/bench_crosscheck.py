@@ -118,7 +118,7 @@ def main() -> int:
 
     import harness.__main__  # noqa: F401 - the config's resolvers
     from harness.checks import ConfigError, checked_inputs
-    from harness.instances import router_process, vllm_instance
+    from harness.instances import instance_behind_router
     from harness.records import versions, write_json
     from harness.run import engine_args, engine_env
     from harness.workload import WorkloadError
@@ -137,19 +137,10 @@ def main() -> int:
         return 2
     out = a.out or ROOT / "results" / "bench" / time.strftime("crosscheck_%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
-    instance = vllm_instance("instance", engine_args(cfg, device), engine_env(cfg, device, cfg.device.baseline_gpu),
-                             out / "instance.log")
-    router = None
-    try:
-        instance.start().wait_healthy(cfg.run.startup_timeout_s)
-        router = router_process("router", [], [instance.url], out / "router.log").start()
-        router.wait_healthy(60)
+    env = engine_env(cfg, device, cfg.device.baseline_gpu)
+    with instance_behind_router(engine_args(cfg, device), env, out, cfg.run.startup_timeout_s) as (_, router):
         result = crosscheck(router.url, router.url, str(cfg.model.path), out, a.requests, a.vllm_requests,
                             a.prompt_len, a.max_tokens, (f"device={device}", *overrides))
-    finally:
-        for s in (router, instance):
-            if s is not None:
-                s.stop()
     write_json(out / "crosscheck.json", {"command": " ".join(["python scripts/bench_crosscheck.py", *sys.argv[1:]]),
                                          "versions": versions(device), "device": device, **result})
     for key, _ in KEYS:

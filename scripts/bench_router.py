@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 import harness.__main__  # noqa: E402,F401 - the config's resolvers
 from harness.checks import checked_inputs  # noqa: E402
-from harness.instances import router_process, vllm_instance  # noqa: E402
+from harness.instances import instance_behind_router  # noqa: E402
 from harness.load import ScheduledRequest, send_one  # noqa: E402
 from harness.records import versions, write_json  # noqa: E402
 from harness.run import engine_args, engine_env  # noqa: E402
@@ -69,21 +69,12 @@ def main() -> int:
     device, workload = checked_inputs(cfg)
     out = a.out or ROOT / "results" / "bench" / time.strftime("router_%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
-    instance = vllm_instance("instance", engine_args(cfg, device), engine_env(cfg, device, cfg.device.baseline_gpu),
-                             out / "instance.log")
-    router = None
-    try:
-        instance.start().wait_healthy(cfg.run.startup_timeout_s)
-        router = router_process("router", [], [instance.url], out / "router.log").start()
-        router.wait_healthy(60)
+    env = engine_env(cfg, device, cfg.device.baseline_gpu)
+    with instance_behind_router(engine_args(cfg, device), env, out, cfg.run.startup_timeout_s) as (instance, router):
         prompts = [p.token_ids for p in workload.prompts]
         model = str(cfg.model.path)
         asyncio.run(measure(instance.url, router.url, model, prompts[:4], a.max_tokens))  # first use of both
         pairs = asyncio.run(measure(instance.url, router.url, model, prompts, a.max_tokens))
-    finally:
-        for s in (router, instance):
-            if s is not None:
-                s.stop()
     figures = {}
     for key in ("direct_ttft_ms", "router_ttft_ms", "ttft_diff_ms", "direct_e2e_ms", "router_e2e_ms", "e2e_diff_ms"):
         figures.update(p50_with_interval([p[key] for p in pairs], f"{key}_p50"))

@@ -105,7 +105,6 @@ class TransferWorker:
         for req in meta.drains:
             if self.verify:  # now, while the request holds its blocks; the message may come later
                 req.digests = self.digests(req.block_ids)
-            req.clock = time.monotonic()
             scheduled = meta.scheduled.pop(req.req_id, None)
             self.channel.when_complete(req.transfer_id, lambda msgs, req=req, t=scheduled: self._drained(req, msgs, t))
         for rid in meta.cancelled:
@@ -141,13 +140,7 @@ class TransferWorker:
         message comes after the request was scheduled: the engine may never step again."""
         self.channel.release(req.transfer_id)
         t_end = time.monotonic()
-        sent_at = msgs[0].meta.get("t0", req.clock) if msgs else req.clock
-        delivered = max((m.delivered for m in msgs), default=req.clock)
-        arrived = max((m.arrived for m in msgs), default=req.clock)
-        req.bytes, req.messages = sum(m.payload.numel() for m in msgs), len(msgs)
-        self._record(req, "receive", transfer_ms=(delivered - sent_at) * 1e3, notify_ms=(arrived - delivered) * 1e3,
-                     load_ms=0.0, ready_ms=(arrived - sent_at) * 1e3, t_admitted=req.t_admitted, t_arrived=arrived,
-                     t_load_start=t_end, t_kv_ready=t_end, t_decode_scheduled=t_scheduled)
+        self._record_received(req, msgs, t_end, t_end, t_decode_scheduled=t_scheduled)  # nothing loaded
 
     def finished_receiving(self) -> set[str]:
         return self.parking.released()
@@ -169,7 +162,10 @@ class TransferWorker:
         self._sync()
         t_end = time.monotonic()
         self.channel.release(req.transfer_id)
-        msgs, t_start = req.received, req.clock
+        self._record_received(req, req.received, req.clock, t_end)
+
+    def _record_received(self, req: TransferRequest, msgs: list[Message], t_start: float, t_end: float,
+                         **times) -> None:
         sent_at = msgs[0].meta.get("t0", t_start) if msgs else t_start
         delivered = max((m.delivered for m in msgs), default=t_start)
         arrived = max((m.arrived for m in msgs), default=t_start)
@@ -179,7 +175,7 @@ class TransferWorker:
                      notify_ms=(arrived - delivered) * 1e3,  # -> this worker has been told (doorbell latency)
                      load_ms=(t_end - t_start) * 1e3,  # decode step blocked on KV (wait + scatter)
                      ready_ms=(t_end - sent_at) * 1e3,  # sender starts -> KV in this engine's blocks
-                     t_admitted=req.t_admitted, t_arrived=arrived, t_load_start=t_start, t_kv_ready=t_end)
+                     t_admitted=req.t_admitted, t_arrived=arrived, t_load_start=t_start, t_kv_ready=t_end, **times)
 
     # ---------------------------------------------------------------- both
     def _sync(self) -> None:
