@@ -223,7 +223,11 @@ def test_a_decode_worker_takes_kv_from_two_prefill_workers(kind, tmp_path):
 
 # --------------------------------------------------------------------------- transfers nothing waits for
 def _unwaited_sender(rendezvous, out, kind):
+    import time
+
     ch = _open("sender", rendezvous, kind)
+    while not os.path.exists(rendezvous + ".registered"):  # sent after the receiver asked, not before
+        time.sleep(0.01)
     ch.send("drain", 0, 2, ch.alloc(3 * MiB).fill_(1))
     ch.send("drain", 1, 2, ch.alloc(3 * MiB).fill_(2))
     ch.flush()
@@ -242,6 +246,7 @@ def _unwaited_receiver(rendezvous, out, kind):
         ch.release("drain")
         done.set()
     ch.when_complete("drain", taken)  # before anything came, and no engine step polls afterwards
+    open(rendezvous + ".registered", "w").close()
     assert done.wait(60)
     ch.when_complete("late", lambda msgs: got.append("late"))  # never comes: never called
     now = []
