@@ -6,8 +6,8 @@ read them again to sum) with a launch or two per piece of KV and run of blocks; 
 reads each requested block once, by id, in one launch for every piece: at 8k tokens of the
 Llama-3-8B shape, 64 launches of a 16 MiB piece each cost more in launching than in reading. The
 decode side's digests sit between the KV's arrival and the request's first step, so their cost
-is the harness's own share of the TTFT overhead. Same arithmetic as torch (int32 products that
-wrap, summed in int64, in any order: integers), so both paths give the same digest bit for bit
+is the harness's own share of the TTFT overhead. Same arithmetic as torch (int64 products,
+summed in int64 modulo 2^64, in any order: integers), so both paths give the same digest bit for bit
 (tests/test_digests.py runs the kernel in Triton's interpreter on CPU).
 """
 
@@ -30,8 +30,8 @@ def _weighted_block_sums(base, piece_offsets, ids, out, words, row_stride, CHUNK
     i = tl.program_id(2) * CHUNK + tl.arange(0, CHUNK).to(tl.int64)
     row = base + tl.load(piece_offsets + k) + tl.load(ids + b).to(tl.int64) * row_stride
     x = tl.load(row + i, mask=i < words, other=0)
-    w = (((i * 2654435761 + (k + 1) * 40503) % 2147483648) | 1).to(tl.int32)  # digests._weights_for
-    tl.atomic_add(out + b, tl.sum((x * w).to(tl.int64), axis=0))
+    w = ((i * 2654435761 + (k + 1) * 40503) % 2147483648) | 1  # digests._weights_for
+    tl.atomic_add(out + b, tl.sum(x.to(tl.int64) * w, axis=0))
 
 
 class DigestKernel:
