@@ -105,6 +105,7 @@ def summarize(rows: list[dict]) -> dict:
     out["digest_checked"] = len(checked)
     out["digest_failures"] = sum(not r["digest_match"] for r in checked)
     out["transfer_errors"] = sum(bool(r.get("error")) for r in rows)
+    out.update(recompute_counts(rows))
     if out["digest_checked"] and out["mismatches"] and not out["digest_failures"]:
         out["diagnosis"] = ("outputs differ although every KV block arrived intact (digests match): the decode "
                             "engine used the KV wrongly or before it had arrived")
@@ -120,6 +121,26 @@ def summarize(rows: list[dict]) -> dict:
     out["total_bytes"] = tot_bytes
     out["transfer_gbps"] = tot_bytes / tot_ms / 1e6 if tot_ms > 0 else None
     return out
+
+
+def recompute_counts(rows: list[dict]) -> dict:
+    """How often the decode engine computed prompt tokens it had been sent, and how many of those
+    requests had been preempted (their KV freed: recomputing is then the expected way back);
+    preemptions summed per engine. Empty for rows without compute records."""
+    counted = [r for r in rows if r.get("kv_recomputed") in (True, False)]  # not None, nor a loader's NaN
+    if not counted:
+        return {}
+    recomputed = [r for r in counted if r["kv_recomputed"]]
+    return {"kv_recomputed": len(recomputed),
+            "kv_recomputed_preempted": sum(bool(r.get("decode_preemptions")) for r in recomputed),
+            "decode_preemptions": sum(r.get("decode_preemptions") or 0 for r in counted),
+            "prefill_preemptions": sum(r.get("prefill_preemptions") or 0 for r in counted)}
+
+
+def unexplained_recomputes(summary: dict) -> int:
+    """Requests whose decode engine computed the prompt it was sent, with no preemption to
+    explain it: outputs still match, so only this count shows that the transfer was not used."""
+    return summary.get("kv_recomputed", 0) - summary.get("kv_recomputed_preempted", 0)
 
 
 def overhead_means(rows: list[dict]) -> tuple[float, dict[str, float]] | None:

@@ -22,17 +22,27 @@ from harness.ceiling import copy_ceiling_gbps
 from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.compare import compare_outputs
 from harness.engine_process import EngineDied, EngineProcess, next_events, wait_ready
-from harness.records import PROJECT_ROOT, JsonlWriter, ended_early, format_table, run_summary, versions, write_json
+from harness.records import (
+    PROJECT_ROOT,
+    JsonlWriter,
+    ended_early,
+    format_table,
+    run_summary,
+    unexplained_recomputes,
+    versions,
+    write_json,
+)
 from harness.schema import CRITICAL_PATH, OVERHEAD_PARTS, BaselineRow, RequestRow
 from harness.tracking import make_tracker
 from harness.workload import Prompt, Workload, WorkloadError
-from transfer_strategies.records import TransferRecord, TransferRecordReader
+from transfer_strategies.records import ComputeRecord, TransferRecord, TransferRecordReader, compute_path
 from transfer_strategies.scheduler import ASYNC_LOAD
 from transfer_strategies.transport import remove_leftovers
 
 
 # ---------------------------------------------------------------------- engines
-def engine_args(cfg: DictConfig, device: str) -> dict:
+def engine_args(cfg: DictConfig, device: str, role: str | None = None) -> dict:
+    """vllm.LLM arguments of one engine (role: baseline, prefill or decode; None: engine only)."""
     e = cfg.engine
     eager = device == "cpu" if e.enforce_eager is None else e.enforce_eager  # CUDA graphs on a GPU by default
     args = {"model": str(cfg.model.path), "tokenizer": str(cfg.model.path), "dtype": e.dtype,
@@ -45,6 +55,8 @@ def engine_args(cfg: DictConfig, device: str) -> dict:
     if device == "cuda":
         args["gpu_memory_utilization"] = e.gpu_memory_utilization
     args.update(OmegaConf.to_container(e.extra, resolve=True) if e.extra else {})
+    own = cfg.get("engines", {}).get(role) if role else None
+    args.update(OmegaConf.to_container(own, resolve=True) if own else {})
     return args
 
 
@@ -170,12 +182,15 @@ def warmup_workload(workload: Workload, n: int) -> Workload:
 
 
 class TransferStats:
-    """The workers' per-transfer records, read as they are appended: each file from where the
-    last read stopped, only when a record asked for is not in yet."""
+    """The connectors' records, read as they are appended: each file from where the last read
+    stopped, only when a record asked for is not in yet. Sides: the workers' transfer records
+    ("send", "receive") and the scheduler sides' compute records ("prefill", "decode") written
+    beside them."""
 
     def __init__(self, *paths: Path):
         self.readers = [TransferRecordReader(p) for p in paths]
-        self.records: dict[tuple[str, str], TransferRecord] = {}
+        self.readers += [TransferRecordReader(compute_path(p), ComputeRecord) for p in paths]
+        self.records: dict[tuple[str, str], TransferRecord | ComputeRecord] = {}
 
     def has_both(self, transfer_id: str) -> bool:
         """Whether both sides' records of this transfer are in (reading what was appended)."""
@@ -183,7 +198,7 @@ class TransferStats:
             self.records.update(((r.transfer_id, r.side), r) for r in reader.read_new())
         return (transfer_id, "send") in self.records and (transfer_id, "receive") in self.records
 
-    def take(self, transfer_id: str, side: str) -> TransferRecord | None:
+    def take(self, transfer_id: str, side: str) -> TransferRecord | ComputeRecord | None:
         """The record of one transfer's side (None: the strategy writes none), handed out once."""
         if (transfer_id, side) not in self.records:
             for reader in self.readers:
@@ -272,6 +287,7 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
     sides' transfer records and the request's timeline."""
     pre, dec = results
     send, recv = stats.take(transfer_id, "send"), stats.take(transfer_id, "receive")
+    computed = compute_fields(stats.take(transfer_id, "prefill"), stats.take(transfer_id, "decode"))
 
     def sent(name):
         return getattr(send, name) if send else None
@@ -316,9 +332,20 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
         after_forward_ms=after_forward_ms,
         load_ms=received("load_ms"), ready_ms=received("ready_ms"), notify_ms=received("notify_ms"),
         gbps=n_bytes / transfer_ms / 1e6 if n_bytes and transfer_ms else None,
-        **t, **ttft_overhead_parts(t, base["ttft_ms"], kv_gates_first_token=gated),
+        **t, **ttft_overhead_parts(t, base["ttft_ms"], kv_gates_first_token=gated), **computed,
         token_ids=dec["token_ids"], base_token_ids=base["token_ids"],
     ).to_dict()
+
+
+def compute_fields(prefill: ComputeRecord | None, decode: ComputeRecord | None) -> dict:
+    """A request's row's share of the engines' compute records (None where a connector writes
+    none: vLLM's own). kv_recomputed: the decode engine computed prompt tokens it was sent."""
+    return {"decode_computed_tokens": decode.computed_tokens if decode else None,
+            "decode_loaded_tokens": decode.loaded_tokens if decode else None,
+            "decode_cached_tokens": decode.cached_tokens if decode else None,
+            "decode_preemptions": decode.preemptions if decode else None,
+            "prefill_preemptions": prefill.preemptions if prefill else None,
+            "kv_recomputed": decode.recomputed_tokens > 0 if decode else None}
 
 
 # ---------------------------------------------------------------------- the run
@@ -341,16 +368,17 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             "config": OmegaConf.to_container(cfg, resolve=True)}
     write_json(run_dir / "meta.json", meta)
     ceiling = copy_ceiling_gbps(device)  # before the engines start: the machine is quiet
-    args = engine_args(cfg, device)
     rendezvous = run_dir / "kv-channel.port"  # the prefill worker writes the port it bound
     rendezvous.unlink(missing_ok=True)
     stats_paths = (run_dir / "prefill-transfers.jsonl", run_dir / "decode-transfers.jsonl")
     tag = uuid.uuid4().hex[:6]
     specs = {
-        "baseline": (dict(args), cfg.device.baseline_gpu),
-        "prefill": (dict(args, kv_transfer_config=transfer_config(cfg, "prefill", rendezvous, stats_paths[0])),
+        "baseline": (engine_args(cfg, device, "baseline"), cfg.device.baseline_gpu),
+        "prefill": (dict(engine_args(cfg, device, "prefill"),
+                         kv_transfer_config=transfer_config(cfg, "prefill", rendezvous, stats_paths[0])),
                     cfg.device.prefill_gpu),
-        "decode": (dict(args, kv_transfer_config=transfer_config(cfg, "decode", rendezvous, stats_paths[1])),
+        "decode": (dict(engine_args(cfg, device, "decode"),
+                        kv_transfer_config=transfer_config(cfg, "decode", rendezvous, stats_paths[1])),
                    cfg.device.decode_gpu),
     }
     engines: dict[str, EngineProcess] = {}
@@ -450,6 +478,10 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             status, code, error = "transfer_failed", 1, f"{summary['transfer_errors']} transfer(s) failed: {first}"
         elif summary.get("mismatches") or summary.get("digest_failures"):
             status, code = "mismatch", 1
+        elif unexplained_recomputes(summary) and not cfg.scenario.expect_recompute:
+            status, code, error = "kv_recomputed", 1, (
+                f"{unexplained_recomputes(summary)} request(s) recomputed their prompt on the decode engine "
+                f"instead of using the KV they were sent (not preempted; see kv_recomputed in requests.jsonl)")
         elif leaked:
             status, code, error = "kv_leak", 1, f"KV blocks still held after every request finished: {leaked}"
         summary.update(status=status, error=error)

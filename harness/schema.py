@@ -101,6 +101,13 @@ class RequestRow:
     overhead_scatter_ms: float | None
     overhead_check_ms: float | None
     overhead_decode_ms: float | None
+    # from the connectors' compute records (scheduler side; None for vLLM's own connectors)
+    decode_computed_tokens: int | None  # prompt tokens the decode engine computed (1 when it used the KV)
+    decode_loaded_tokens: int | None  # prompt tokens it took from the connector
+    decode_cached_tokens: int | None  # at its first step: its own prefix-cache hits + loaded tokens
+    decode_preemptions: int | None
+    prefill_preemptions: int | None
+    kv_recomputed: bool | None  # the decode engine computed prompt tokens beyond the last one
     token_ids: list[int]
     base_token_ids: list[int]
     schema_version: int = SCHEMA_VERSION
@@ -148,6 +155,9 @@ class ServeRow:
     bytes: int | None
     transfer_ms: float | None
     kv_ms: float | None
+    decode_computed_tokens: int | None  # as in RequestRow
+    decode_preemptions: int | None
+    kv_recomputed: bool | None
     token_ids: list[int]
     schema_version: int = SCHEMA_VERSION
 

@@ -39,7 +39,16 @@ from harness.compare import compare_outputs
 from harness.instances import InstanceDied, ServerProcess, router_process, vllm_instance
 from harness.load import ClientResult, LoadError, LoadSpec, ScheduledRequest, arrival_schedule, send_all
 from harness.records import JsonlWriter, ended_early, versions, write_json
-from harness.run import TransferStats, engine_args, engine_env, free_port, pulls, transfer_config, warmup_workload
+from harness.run import (
+    TransferStats,
+    compute_fields,
+    engine_args,
+    engine_env,
+    free_port,
+    pulls,
+    transfer_config,
+    warmup_workload,
+)
 from harness.schema import ServeRow
 from harness.serve_summary import format_serve_summary, serve_summary
 from harness.workload import WorkloadError
@@ -112,7 +121,6 @@ class Deployment:
         if self.external:
             self.urls = {"baseline": ends.baseline.rstrip("/"), "disagg": ends.disagg.rstrip("/")}
             return
-        args = engine_args(cfg, device)
         for path in self.rendezvous:
             path.unlink(missing_ok=True)
         kv = {p: transfer_config(cfg, "prefill", rv, run_dir / f"{p}-transfers.jsonl")
@@ -126,12 +134,14 @@ class Deployment:
         for names in (self.baseline_names, self.prefill_names, self.decode_names):
             for i, name in enumerate(names):
                 # instance i of a side on that side's GPU + i (two baselines from GPU 0: GPUs 0 and 1)
-                gpu = first_gpu[name.rstrip("0123456789")] + i
+                role = name.rstrip("0123456789")
+                gpu = first_gpu[role] + i
                 env = engine_env(cfg, device, gpu if device != "cuda" else gpu % gpu_count())
                 if name in kv and pulls(cfg.strategy):  # vLLM's NIXL handshake: a side channel per engine
                     env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
                 kv_args = {"kv_transfer_config": kv[name]} if name in kv else {}
-                self.servers[name] = vllm_instance(name, {**args, **kv_args}, env, run_dir / f"{name}.log")
+                self.servers[name] = vllm_instance(name, {**engine_args(cfg, device, role), **kv_args}, env,
+                                                   run_dir / f"{name}.log")
         hang_s = max(cfg.run.request_timeout_s, cfg.run.startup_timeout_s)
         handoff = ["--handoff", "pull" if pulls(cfg.strategy) else "push", "--decode-submit", decode_submit(cfg),
                    # the client holds requests to run.request_timeout_s; the router only drops upstreams
@@ -217,8 +227,10 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, base: ClientR
     if ok and base is not None and base.status == "ok":
         cmp = compare_outputs(base.token_ids, r.token_ids, base.logprobs, r.logprobs)
     send = recv = None
+    computed = compute_fields(None, None)
     if stats is not None and r.transfer_id:
         send, recv = stats.take(r.transfer_id, "send"), stats.take(r.transfer_id, "receive")
+        computed = compute_fields(stats.take(r.transfer_id, "prefill"), stats.take(r.transfer_id, "decode"))
     digest_match = None
     if send is not None and recv is not None and send.digests is not None and recv.digests is not None:
         digest_match = send.digests == recv.digests
@@ -236,7 +248,9 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, base: ClientR
         digest_match=digest_match, transfer_error=recv.error if recv else None,
         bytes=send.bytes if send else None,
         transfer_ms=(send.gpu_ms if send and send.gpu_ms is not None else (recv.transfer_ms if recv else None)),
-        kv_ms=kv_ms, token_ids=r.token_ids).to_dict()
+        kv_ms=kv_ms, decode_computed_tokens=computed["decode_computed_tokens"],
+        decode_preemptions=computed["decode_preemptions"], kv_recomputed=computed["kv_recomputed"],
+        token_ids=r.token_ids).to_dict()
 
 
 class RowWriter:

@@ -22,7 +22,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from harness.load import TIMED_OUT
-from harness.records import read_jsonl
+from harness.records import read_jsonl, recompute_counts, unexplained_recomputes
 from harness.schema import SCHEMA_VERSION
 from harness.stats import Column, format_table, format_value, p50_with_interval, percentile
 
@@ -96,6 +96,7 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
     out["digest_checked"] = len(checked)
     out["digest_failures"] = sum(not r["digest_match"] for r in checked)
     out["transfer_errors"] = sum(bool(r["transfer_error"]) for r in kept)
+    out.update(recompute_counts(kept))
     out["kv_cache_usage_at_end"] = kv_usage
     out["timings"] = timings
     code = {"ok": 0, "engine_failed": 3, "interrupted": 130}.get(status, 1)
@@ -111,6 +112,10 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
             if checked and not out["digest_failures"]:
                 error += ("; every KV block arrived intact (digests match): the decode engine used the KV wrongly "
                           "or before it had arrived")
+        elif unexplained_recomputes(out) and not cfg.get("scenario", {}).get("expect_recompute"):
+            status, code = "kv_recomputed", 1
+            error = (f"{unexplained_recomputes(out)} request(s) recomputed their prompt on the decode instance "
+                     f"instead of using the KV they were sent (not preempted)")
         elif any(kv_usage.values()):
             status, code = "kv_leak", 1
             error = f"KV cache still in use after every request ended: {kv_usage}"

@@ -80,6 +80,16 @@ def test_every_output_matches_the_baseline(strategy_run):
     assert "match" in strategy_run.stdout and "GB/s" in strategy_run.stdout
 
 
+def test_the_decode_engine_used_the_kv_it_was_sent(strategy_run):
+    """vLLM's scheduler had the decode engine compute only each prompt's last token: the rest came
+    from the connector or its own prefix cache (counted from its scheduler outputs)."""
+    rows = strategy_run.jsonl("requests.jsonl")
+    assert all(r["kv_recomputed"] is False and r["decode_computed_tokens"] == 1 for r in rows)
+    assert all(r["decode_cached_tokens"] == r["prompt_len"] - 1 for r in rows)
+    assert all(0 < r["decode_loaded_tokens"] <= r["prompt_len"] - 1 for r in rows if r["prompt_len"] > 1)
+    assert strategy_run.summary["kv_recomputed"] == 0
+
+
 def test_every_transfer_is_bit_identical(strategy_run):
     rows = strategy_run.jsonl("requests.jsonl")
     assert [r["digest_match"] for r in rows] == [True] * len(rows)
@@ -243,6 +253,21 @@ def test_kv_that_never_arrives_fails_the_request_within_the_transfer_timeout(res
     assert s["timings"]["disagg_s"] < 3 * 4 + 10  # each waited about the timeout, no more
     rows = run.jsonl("requests.jsonl")
     assert all("within 3 s" in r["error"] for r in rows)
+
+
+def test_a_decode_engine_that_recomputes_the_prompt_fails_the_run(results_dir):
+    """The transfer happens, the outputs match (the engine computed them itself), and with
+    digests off nothing else would notice: the compute records do."""
+    run = run_harness(results_dir / "e2e-recomputes", "strategy=custom", "strategy.name=ignores_the_kv",
+                      "strategy.module=tests.recomputing_strategy", "strategy.connector=IgnoresTheKV",
+                      "workload=smoke", "sampling.max_tokens=4", "check.digests=false")
+    assert run.code == 1, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "kv_recomputed" and s["match_rate"] == 1.0
+    assert s["kv_recomputed"] == s["requests"] == 4 and s["kv_recomputed_preempted"] == 0
+    assert "recomputed their prompt" in run.stderr
+    rows = run.jsonl("requests.jsonl")
+    assert all(r["decode_computed_tokens"] == r["prompt_len"] and r["decode_loaded_tokens"] == 0 for r in rows)
 
 
 @pytest.fixture(scope="module")

@@ -117,3 +117,53 @@ def test_a_request_finished_while_parked_is_cancelled_for_the_worker():
     t.finished(r)  # aborted, or failed by vLLM's kv_load_failure_policy
     assert t.step_metadata(step()).cancelled == ["a"]
     assert t.step_metadata(step()).cancelled == []
+
+
+class Recorded(list):
+    write = list.append
+
+
+def test_decode_counts_what_vllm_scheduled_it_to_compute_and_what_it_loaded():
+    records = Recorded()
+    t = RequestTracker(is_producer=False, block_size=BLOCK, records=records)
+    r = request("a", prompt_len=10)
+    t.matched_tokens(r, num_computed_tokens=4)
+    t.allocated(r, NS(get_block_ids=lambda: ([4, 8, 2],)), num_external_tokens=5)
+    t.step_metadata(step(new=[("a", [4, 8, 2], 9)], scheduled={"a": 1}))  # the last prompt token
+    t.step_metadata(step(cached=[("a", None, 10)], scheduled={"a": 1}))  # a generated token: not the prompt's
+    t.finished(r)
+    (rec,) = records
+    assert (rec.side, rec.prompt_tokens, rec.computed_tokens, rec.loaded_tokens, rec.cached_tokens) == \
+        ("decode", 10, 1, 5, 9)
+    assert rec.recomputed_tokens == 0 and rec.preemptions == 0
+
+
+def test_a_decode_request_that_recomputed_its_prompt_is_counted():
+    records = Recorded()
+    t = RequestTracker(is_producer=False, block_size=BLOCK, records=records)
+    r = request("a", prompt_len=10)
+    t.matched_tokens(r, 0)
+    t.allocated(r, NS(get_block_ids=lambda: ([4, 8, 2],)), num_external_tokens=0)  # vLLM took none
+    t.step_metadata(step(new=[("a", [4, 8, 2], 0)], scheduled={"a": 6}))  # chunked
+    t.step_metadata(step(cached=[("a", None, 6)], scheduled={"a": 4}))
+    t.finished(r)
+    assert records[0].computed_tokens == 10 and records[0].recomputed_tokens == 9
+
+
+def test_a_decode_request_preempted_after_its_kv_came_loads_nothing_again():
+    """Its message was taken: waiting for another would time out. vLLM finds what its prefix
+    cache still holds and computes the rest; the record counts the preemption."""
+    records = Recorded()
+    t = RequestTracker(is_producer=False, block_size=BLOCK, records=records)
+    r = request("a", prompt_len=10)
+    assert t.matched_tokens(r, 0) == (9, False)
+    t.allocated(r, NS(get_block_ids=lambda: ([4, 8, 2],)), num_external_tokens=9)
+    assert len(t.step_metadata(step(new=[("a", [4, 8, 2], 9)], scheduled={"a": 1})).loads) == 1
+    # preempted: admitted again from scratch, its own prefix cache still holding 4 tokens
+    assert t.matched_tokens(r, 4) == (0, False)
+    t.allocated(r, NS(get_block_ids=lambda: ([4, 6, 7],)), num_external_tokens=0)
+    meta = t.step_metadata(step(cached=[("a", [4, 6, 7], 4)], scheduled={"a": 7}, resumed={"a"}))
+    assert meta.loads == meta.parked == meta.drains == []
+    t.finished(r)
+    (rec,) = records
+    assert (rec.preemptions, rec.loaded_tokens, rec.computed_tokens, rec.recomputed_tokens) == (1, 9, 7, 6)

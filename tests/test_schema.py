@@ -21,7 +21,7 @@ from harness.schema import (
 )
 from harness.serve_summary import LATENCIES, ROUTER_MARKS, serve_summary
 from harness.workload import Prompt
-from transfer_strategies.records import TransferRecord, TransferRecordReader, TransferRecordWriter
+from transfer_strategies.records import ComputeRecord, TransferRecord, TransferRecordReader, TransferRecordWriter
 
 README = Path(__file__).resolve().parent.parent / "results" / "README.md"
 
@@ -46,6 +46,7 @@ def test_readme_documents_every_field_of_every_row_and_no_other():
     assert documented("requests.jsonl") == set(field_names(RequestRow))
     assert documented("baseline.jsonl") == set(field_names(BaselineRow))
     assert documented("prefill-transfers.jsonl") == set(field_names(TransferRecord))
+    assert documented("prefill-transfers.compute.jsonl") == set(field_names(ComputeRecord))
 
 
 def test_readme_documents_every_summary_key_and_no_other():
@@ -63,7 +64,8 @@ def test_readme_documents_every_serving_field_and_summary_key_and_no_other():
     rows = [dict(dict.fromkeys(field_names(ServeRow)), path=path, status="ok", sent_s=0.1 * i, arrival_s=0.1 * i,
                  ttft_ms=5.0,
                  prefill_ttft_ms=marks[path][0], decode_ttft_ms=marks[path][1], tpot_ms=1.0, e2e_ms=20.0,
-                 itl_ms=[1.0], output_len=4, meets_slo=True, match=True, digest_match=True)
+                 itl_ms=[1.0], output_len=4, meets_slo=True, match=True, digest_match=True, kv_recomputed=False,
+                 decode_preemptions=0)
             for path in ("disagg", "baseline", "baseline_repeat") for i in range(3)]
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
@@ -87,7 +89,8 @@ def test_readme_documents_every_serving_field_and_summary_key_and_no_other():
 def _request_row(**kw) -> dict:
     row = dict.fromkeys(field_names(RequestRow))
     row.update({"schema_version": SCHEMA_VERSION, "ttft_ms": 10.0, "transfer_ms": 1.0, "bytes": 1000,
-                "ttft_overhead_ms": 3.0, **dict.fromkeys(OVERHEAD_PARTS, 0.5), **kw})
+                "ttft_overhead_ms": 3.0, **dict.fromkeys(OVERHEAD_PARTS, 0.5), "kv_recomputed": False,
+                "decode_preemptions": 0, "prefill_preemptions": 0, **kw})
     return row
 
 
@@ -183,3 +186,11 @@ def test_on_a_gpu_transfer_ms_is_the_gpu_clock(tmp_path):
 
 def test_schema_version_is_in_the_readme_table_of_versions():
     assert re.search(rf"^\| {SCHEMA_VERSION} \|", README.read_text(), re.M)
+
+
+def test_recomputes_are_counted_and_those_after_a_preemption_told_apart():
+    rows = [_request_row(kv_recomputed=True, decode_preemptions=2), _request_row(kv_recomputed=True),
+            _request_row(), _request_row(kv_recomputed=None)]  # None: no compute record (vLLM's connector)
+    s = summarize(rows)
+    assert (s["kv_recomputed"], s["kv_recomputed_preempted"], s["decode_preemptions"]) == (2, 1, 2)
+    assert "kv_recomputed" not in summarize([_request_row(kv_recomputed=None)])

@@ -49,6 +49,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from transfer_strategies.kv_blocks import KVBlocks
+from transfer_strategies.records import TransferRecordWriter, compute_path
 from transfer_strategies.scheduler import RequestTracker, TransferMetadata, TransferRequest
 from transfer_strategies.transport import Message
 from transfer_strategies.worker import TransferWorker
@@ -73,7 +74,9 @@ class TransferConnector(KVConnectorBase_V1):
         # one part per role, as vLLM's own connectors split them
         self.scheduler = self.worker = None
         if role == KVConnectorRole.SCHEDULER:
-            self.scheduler = RequestTracker(self.is_producer, self.block_size)
+            stats_path = (extra.get("harness") or {}).get("stats_path")
+            records = TransferRecordWriter(compute_path(stats_path)) if stats_path else None
+            self.scheduler = RequestTracker(self.is_producer, self.block_size, records)
         else:
             self.worker = TransferWorker(type(self).__name__, self.is_producer, dict(extra.get("harness") or {}),
                                          dict(extra.get("transport") or {}))

@@ -2,6 +2,12 @@
 (prefill worker: side "send"; decode worker: side "receive") and joined by the harness with its
 own per-request rows. Each side writes its own file, so no two processes append to one file.
 
+The compute record: one JSON line per request per engine, written by the connector's scheduler
+side when vLLM frees the request, into a file of its own beside the transfer records
+(`compute_path`): how many prompt tokens the engine computed, as vLLM scheduled them, and how
+many it took from the connector. It is the proof that the decode engine used the KV it was sent
+(a decode engine that recomputed the prompt passes every output check).
+
 The harness depends on this module, never the other way round; results/README.md documents every
 field (a test checks it against this class).
 """
@@ -20,12 +26,28 @@ from pathlib import Path
 #   2: schema_version on every row; transfer_ms is the GPU's clock where there is one
 #   3: the request's timeline (t_* stamps on one clock, time.monotonic(), in every process of a
 #      machine) and error; request rows gain the timeline, the TTFT decomposition and kv_ms
-SCHEMA_VERSION = 3
+#   4: the scheduler sides' compute records (ComputeRecord) and the request rows' fields from them
+#      (decode_computed_tokens, kv_recomputed, preemptions); transfer records carry block_ids
+SCHEMA_VERSION = 4
 UNVERSIONED = 1  # what a row without schema_version is
 
 
+class JsonRecord:
+    """A dataclass written as one JSON line."""
+
+    @classmethod
+    def from_dict(cls, row: dict):
+        """A record from one JSON line; version-1 lines (no schema_version, optional fields
+        absent) load too. Keys this version does not know are dropped."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{"schema_version": UNVERSIONED, **{k: v for k, v in row.items() if k in known}})
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
 @dataclass
-class TransferRecord:
+class TransferRecord(JsonRecord):
     transfer_id: str
     side: str  # "send" (prefill worker) or "receive" (decode worker)
     strategy: str  # the connector's class name
@@ -36,6 +58,7 @@ class TransferRecord:
     kv_cache_bytes: int
     bytes: int
     messages: int
+    block_ids: list[int] | None = None  # this engine's blocks holding the request's KV, in order
     # None where this side does not measure it (send: send_ms, gpu_ms; receive: the rest)
     send_ms: float | None = None
     gpu_ms: float | None = None
@@ -57,15 +80,39 @@ class TransferRecord:
     error: str | None = None  # receive: why the KV was not loaded (the request failed or recomputed)
     schema_version: int = SCHEMA_VERSION
 
-    @classmethod
-    def from_dict(cls, row: dict) -> TransferRecord:
-        """A record from one JSON line; version-1 lines (no schema_version, optional fields
-        absent) load too. Keys this version does not know are dropped."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{"schema_version": UNVERSIONED, **{k: v for k, v in row.items() if k in known}})
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+@dataclass
+class ComputeRecord(JsonRecord):
+    """One request on one engine, counted from vLLM's scheduler outputs (what it scheduled the
+    model to compute), not from what the strategy says it did."""
+
+    transfer_id: str
+    side: str  # "prefill" or "decode"
+    req_id: str
+    prompt_tokens: int
+    computed_tokens: int = 0  # prompt tokens this engine computed, summed over every admission
+    loaded_tokens: int = 0  # prompt tokens vLLM took from the connector (its external hits)
+    cached_tokens: int | None = None  # at its first scheduled step: its own prefix-cache hits + loaded_tokens
+    admissions: int = 0  # vLLM allocated its blocks this many times (more than once: preempted)
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def preemptions(self) -> int:
+        return max(self.admissions - 1, 0)
+
+    @property
+    def recomputed_tokens(self) -> int:
+        """Decode: prompt tokens computed beyond the last one, which vLLM always computes for
+        its logits (its own prefix-cache hits are not computed, so they are not counted)."""
+        return max(self.computed_tokens - 1, 0)
+
+
+def compute_path(stats_path: str | Path) -> Path:
+    """Where the scheduler side writes its compute records, beside the worker's transfer records
+    (prefill-transfers.jsonl -> prefill-transfers.compute.jsonl): the scheduler and a worker may
+    be different processes."""
+    p = Path(stats_path)
+    return p.with_name(p.stem + ".compute" + p.suffix)
 
 
 class TransferRecordWriter:
@@ -75,7 +122,7 @@ class TransferRecordWriter:
         self.path = Path(path)
         self._lock = threading.Lock()  # the engine's thread and the channel's receiver thread write
 
-    def write(self, record: TransferRecord) -> None:
+    def write(self, record: JsonRecord) -> None:
         # Opened per record: a worker writes a few per step, and a file left open would need a
         # close hook that vLLM does not always call when an engine is killed
         line = json.dumps(record.to_dict()) + "\n"
@@ -87,11 +134,12 @@ class TransferRecordReader:
     """Reads the records appended to a file since the last call (the file grows while read).
     A last line without its newline is being written: it is read on a later call."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, record=TransferRecord):
         self.path = Path(path)
         self.offset = 0
+        self.record = record
 
-    def read_new(self) -> list[TransferRecord]:
+    def read_new(self) -> list[JsonRecord]:
         try:
             with open(self.path, "rb") as f:
                 f.seek(self.offset)
@@ -100,4 +148,4 @@ class TransferRecordReader:
             return []
         end = data.rfind(b"\n") + 1
         self.offset += end
-        return [TransferRecord.from_dict(json.loads(line)) for line in data[:end].splitlines() if line.strip()]
+        return [self.record.from_dict(json.loads(line)) for line in data[:end].splitlines() if line.strip()]

@@ -27,6 +27,13 @@ Both sides move the blocks holding prompt tokens [0, prompt_len - 1), so their c
 
 Both sides stamp when vLLM admitted the request (`t_admitted`) and, on the decode side, when the
 step that computes its first token was scheduled (`scheduled`), for the request's timeline.
+
+Preemption: vLLM frees a preempted request's blocks and admits it again later, from scratch. Its
+message was taken at the first admission, so a decode request admitted again loads nothing: vLLM
+finds what its own prefix cache still holds of the blocks (the KV delivered again) and computes
+the rest (recomputed). Each engine's scheduler side counts, from vLLM's scheduler outputs, the
+prompt tokens it had the model compute and those it took from the connector, and writes them
+when vLLM frees the request (`records.ComputeRecord`): the record says which it was.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+from transfer_strategies.records import ComputeRecord, TransferRecordWriter
 
 
 @dataclass
@@ -93,9 +102,11 @@ class RequestTracker:
     """The scheduler side's state: prefill requests whose KV has not left yet, and decode
     requests whose blocks were allocated since the last step or that wait for their KV."""
 
-    def __init__(self, is_producer: bool, block_size: int):
+    def __init__(self, is_producer: bool, block_size: int, records: TransferRecordWriter | None = None):
         self.is_producer = is_producer
         self.block_size = block_size
+        self.records = records  # where each request's ComputeRecord goes when vLLM frees it
+        self._computed: dict[str, ComputeRecord] = {}  # req_id -> its counts so far (requests with a transfer id)
         self._sends: dict[str, TransferRequest] = {}  # prefill: req_id -> blocks so far
         self._local_hits: dict[str, int] = {}  # decode: req_id -> tokens its prefix cache held
         self._next = TransferMetadata()  # decode: loads, parked, drains and cancels for the next step
@@ -104,6 +115,8 @@ class RequestTracker:
     def matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
         if self.is_producer or transfer_id_of(request) is None:
             return 0, False
+        if self._account(request).admissions:  # preempted after its KV came: the message is gone
+            return 0, False
         self._local_hits[request.request_id] = num_computed_tokens
         n = max(len(request.prompt_token_ids) - 1 - num_computed_tokens, 0)
         return n, loads_async(request) and n > 0  # vLLM parks a request only for tokens to load
@@ -111,6 +124,12 @@ class RequestTracker:
     def allocated(self, request, blocks, num_external_tokens: int = 0) -> None:
         tid = transfer_id_of(request)
         if tid is None or request.request_id in self._parked:  # a parked request admitted again, its KV in
+            return
+        account = self._account(request)
+        account.admissions += 1
+        account.loaded_tokens += num_external_tokens
+        if account.admissions > 1 and not self.is_producer:  # preempted: loads nothing (see the module's doc)
+            self._local_hits.pop(request.request_id, None)
             return
         n_tok = len(request.prompt_token_ids) - 1
         now = time.monotonic()
@@ -130,10 +149,32 @@ class RequestTracker:
         else:
             self._next.drains.append(req)
 
+    def _account(self, request) -> ComputeRecord:
+        rid = request.request_id
+        if rid not in self._computed:
+            self._computed[rid] = ComputeRecord(transfer_id_of(request), "prefill" if self.is_producer else "decode",
+                                                rid, len(request.prompt_token_ids))
+        return self._computed[rid]
+
+    def _count_computed(self, out) -> None:
+        """Add the prompt tokens each request's step computes, as vLLM scheduled them."""
+        steps = [(new.req_id, new.num_computed_tokens, True) for new in out.scheduled_new_reqs]
+        cached = out.scheduled_cached_reqs
+        steps += [(rid, cached.num_computed_tokens[i], False) for i, rid in enumerate(cached.req_ids)]
+        for rid, done, new in steps:
+            account = self._computed.get(rid)
+            if account is None:
+                continue
+            if new and account.cached_tokens is None:
+                account.cached_tokens = done
+            n = out.num_scheduled_tokens.get(rid, 0)
+            account.computed_tokens += max(min(done + n, account.prompt_tokens) - done, 0)
+
     def step_metadata(self, scheduler_output) -> TransferMetadata:
         meta, self._next = self._next, TransferMetadata()
         now = time.monotonic()
         meta.idle = not getattr(scheduler_output, "total_num_scheduled_tokens", 1)
+        self._count_computed(scheduler_output)
         if self.is_producer:
             meta.sends = self._ready_sends(scheduler_output)
             return meta
@@ -173,6 +214,9 @@ class RequestTracker:
 
     def finished(self, request) -> None:
         self._sends.pop(request.request_id, None)
+        account = self._computed.pop(request.request_id, None)
+        if account is not None and self.records is not None:
+            self.records.write(account)
         if request.request_id in self._parked:  # aborted (or failed) before its KV was loaded
             self._parked.discard(request.request_id)
             self._next.cancelled.append(request.request_id)

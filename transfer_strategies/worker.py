@@ -194,6 +194,7 @@ class TransferWorker:
             return
         record = TransferRecord(
             transfer_id=req.transfer_id, side=side, strategy=self.strategy, blocks=len(req.block_ids),
+            block_ids=list(req.block_ids),
             skip_blocks=req.skip_blocks, tokens=req.num_tokens, kv_cache_blocks=self.kv.num_blocks,
             kv_cache_bytes=self.kv.cache_bytes(), bytes=req.bytes, messages=req.messages,
             digests=digests, digest_ms=digest_ms, **times)
