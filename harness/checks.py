@@ -54,7 +54,8 @@ def resolve_device(cfg: DictConfig) -> str:
 
 # Harness and transport settings have their own keys now; a strategy param of the same name
 # would reach the strategy only, silently.
-NOT_STRATEGY_PARAMS = {"verify": "check.digests", "corrupt": "check.corrupt", "transport": "transport=staged|gloo",
+NOT_STRATEGY_PARAMS = {"verify": "check.digests", "corrupt": "check.corrupt", "checksums": "check.checksums",
+                       "fault": "scenario.fault", "transport": "transport=staged|gloo",
                        "staging_mb": "transport.staging_mb", "timeout_s": "run.transfer_timeout_s",
                        "decode_submit": "run.decode_submit",
                        "rendezvous": None, "host": None, "stats_path": None}
@@ -85,6 +86,11 @@ def check_settings(cfg: DictConfig) -> None:
     if submit == "early" and not submits_early(s):
         raise ConfigError(f"run.decode_submit=early: strategy {s.name!r} ({s.connector}) needs the prefill engine's "
                           f"answer before the decode request can go (use run.decode_submit=after_prefill)")
+    policy = cfg.run.get("kv_load_failure_policy")
+    if policy not in (None, "fail", "recompute"):
+        raise ConfigError(f"run.kv_load_failure_policy must be fail, recompute or null (vLLM's default), "
+                          f"got {policy!r}")
+    check_fault(cfg)
     if not s.module and cfg.check.corrupt:
         raise ConfigError(f"check.corrupt=true damages the KV this project's connectors move; strategy {s.name!r} "
                           f"is vLLM's own {s.connector}, which the harness does not reach into")
@@ -93,6 +99,22 @@ def check_settings(cfg: DictConfig) -> None:
             instead = NOT_STRATEGY_PARAMS[key]
             raise ConfigError(f"strategy.params.{key} is not a strategy parameter: "
                               + (f"use {instead}" if instead else "the harness sets it"))
+
+
+def check_fault(cfg: DictConfig) -> None:
+    fault = cfg.scenario.get("fault")
+    if not fault:
+        return
+    from transfer_strategies.faults import KINDS
+
+    if fault.get("kind") not in KINDS:
+        raise ConfigError(f"scenario.fault.kind must be one of {', '.join(KINDS)}, got {fault.get('kind')!r}")
+    every = fault.get("every", 2)
+    if not isinstance(every, int) or every < 1:
+        raise ConfigError(f"scenario.fault.every must be an integer >= 1 (every n-th transfer), got {every!r}")
+    if not cfg.strategy.module:
+        raise ConfigError(f"scenario.fault is injected by this project's connectors; strategy {cfg.strategy.name!r} "
+                          f"is vLLM's own {cfg.strategy.connector}")
 
 
 def check_block_size(block_size: int, device: str) -> None:

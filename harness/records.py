@@ -106,7 +106,9 @@ def summarize(rows: list[dict]) -> dict:
     out["digest_failures"] = sum(not r["digest_match"] for r in checked)
     out["transfer_errors"] = sum(bool(r.get("error")) for r in rows)
     out.update(recompute_counts(rows))
-    if out["digest_checked"] and out["mismatches"] and not out["digest_failures"]:
+    out.update(fault_counts(rows))
+    clean = [r for r in rows if not r.get("fault")]  # a scenario's faulted transfers fail on purpose
+    if out["digest_checked"] and not out["digest_failures"] and any(not r.get("match") for r in clean):
         out["diagnosis"] = ("outputs differ although every KV block arrived intact (digests match): the decode "
                             "engine used the KV wrongly or before it had arrived")
     for f in SUMMARY_METRICS:
@@ -135,6 +137,17 @@ def recompute_counts(rows: list[dict]) -> dict:
             "kv_recomputed_preempted": sum(bool(r.get("decode_preemptions")) for r in recomputed),
             "decode_preemptions": sum(r.get("decode_preemptions") or 0 for r in counted),
             "prefill_preemptions": sum(r.get("prefill_preemptions") or 0 for r in counted)}
+
+
+def fault_counts(rows: list[dict]) -> dict:
+    """Transport faults a scenario injected (rows whose transfer carried one), those the decode
+    engine caught (the request failed with a reason, or was recomputed to the right output) and
+    those it missed. Empty without faults."""
+    faulted = [r for r in rows if r.get("fault") and r.get("fault") == r.get("fault")]  # not None nor NaN
+    if not faulted:
+        return {}
+    caught = sum(bool(r.get("error")) or (r.get("kv_recomputed") is True and bool(r.get("match"))) for r in faulted)
+    return {"faults_injected": len(faulted), "faults_caught": caught, "faults_missed": len(faulted) - caught}
 
 
 def unexplained_recomputes(summary: dict) -> int:
@@ -199,7 +212,20 @@ def format_table(rows: list[dict], summary: dict) -> str:
         f"  ttft p50 {f(s.get('ttft_ms_p50'), '.1f')} ms (baseline {f(s.get('base_ttft_ms_p50'), '.1f')})"
         f"  e2e p50 {f(s.get('e2e_ms_p50'), '.1f')} ms (baseline {f(s.get('base_e2e_ms_p50'), '.1f')})"
         f"  transfer p50 {f(s.get('transfer_ms_p50'), '.2f')} ms p90 {f(s.get('transfer_ms_p90'), '.2f')} ms"
-        f"  {f(s.get('transfer_gbps'), '.2f')} GB/s", *overhead_lines(s)])
+        f"  {f(s.get('transfer_gbps'), '.2f')} GB/s", *overhead_lines(s), *scenario_lines(s)])
+
+
+def scenario_lines(s: dict) -> list[str]:
+    """What a scenario provoked and how the run took it (nothing when it provoked nothing)."""
+    lines = []
+    if s.get("decode_preemptions") or s.get("prefill_preemptions") or s.get("kv_recomputed"):
+        lines.append(f"preemptions: decode {s.get('decode_preemptions', 0)}, prefill {s.get('prefill_preemptions', 0)}"
+                     f"; prompts recomputed by the decode engine {s.get('kv_recomputed', 0)} "
+                     f"({s.get('kv_recomputed_preempted', 0)} after a preemption)")
+    if s.get("faults_injected"):
+        lines.append(f"transport faults injected {s['faults_injected']}: caught {s['faults_caught']}, "
+                     f"missed {s['faults_missed']}")
+    return lines
 
 
 def overhead_lines(s: dict) -> list[str]:

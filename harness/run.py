@@ -28,6 +28,7 @@ from harness.records import (
     ended_early,
     format_table,
     run_summary,
+    summarize,
     unexplained_recomputes,
     versions,
     write_json,
@@ -92,15 +93,22 @@ def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path | list[Path],
     s = cfg.strategy
     role = s.get("roles", {}).get(engine) or {"prefill": "kv_producer", "decode": "kv_consumer"}[engine]
     params = OmegaConf.to_container(s.params, resolve=True) if s.params else {}
+    out = {"kv_connector": s.connector, "kv_role": role, "kv_connector_extra_config": params}
+    if cfg.run.get("kv_load_failure_policy"):
+        out["kv_load_failure_policy"] = cfg.run.kv_load_failure_policy
     if not s.module:
-        return {"kv_connector": s.connector, "kv_role": role, "kv_connector_extra_config": params}
+        return out
     rendezvous = [str(p) for p in rendezvous] if isinstance(rendezvous, list) else str(rendezvous)
+    fault = cfg.scenario.get("fault")
     harness = {"rendezvous": rendezvous, "host": "127.0.0.1", "stats_path": str(stats_path),
                "verify": bool(cfg.check.digests), "corrupt": bool(cfg.check.corrupt),
-               "timeout_s": float(cfg.run.transfer_timeout_s), "decode_submit": decode_submit(cfg)}
+               "checksums": bool(cfg.check.checksums), "timeout_s": float(cfg.run.transfer_timeout_s),
+               "decode_submit": decode_submit(cfg),
+               "fault": OmegaConf.to_container(fault, resolve=True) if fault and engine == "prefill" else None}
     transport = {"staging_mb": None, **OmegaConf.to_container(cfg.transport, resolve=True)}
-    return {"kv_connector": s.connector, "kv_role": role, "kv_connector_module_path": s.module,
-            "kv_connector_extra_config": {"harness": harness, "strategy": params, "transport": transport}}
+    out.update(kv_connector_module_path=s.module,
+               kv_connector_extra_config={"harness": harness, "strategy": params, "transport": transport})
+    return out
 
 
 def free_port() -> int:
@@ -332,7 +340,7 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
         after_forward_ms=after_forward_ms,
         load_ms=received("load_ms"), ready_ms=received("ready_ms"), notify_ms=received("notify_ms"),
         gbps=n_bytes / transfer_ms / 1e6 if n_bytes and transfer_ms else None,
-        **t, **ttft_overhead_parts(t, base["ttft_ms"], kv_gates_first_token=gated), **computed,
+        **t, **ttft_overhead_parts(t, base["ttft_ms"], kv_gates_first_token=gated), **computed, fault=sent("fault"),
         token_ids=dec["token_ids"], base_token_ids=base["token_ids"],
     ).to_dict()
 
@@ -473,15 +481,21 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         # vLLM's pull connector frees the prefill's blocks when a later engine step hears that the
         # decode engine has read them: an idle engine still holds the last ones
         leaked = {n: k for n, k in kv_in_use.items() if k and cfg.strategy.module}
-        if summary.get("transfer_errors"):
-            first = next(r["error"] for r in rows if r.get("error"))
-            status, code, error = "transfer_failed", 1, f"{summary['transfer_errors']} transfer(s) failed: {first}"
-        elif summary.get("mismatches") or summary.get("digest_failures"):
+        # a scenario's faulted transfers are judged apart: each must have been caught
+        judged = summarize([r for r in rows if not r.get("fault")]) if summary.get("faults_injected") else summary
+        if judged.get("transfer_errors"):
+            first = next(r["error"] for r in rows if r.get("error") and not r.get("fault"))
+            status, code, error = "transfer_failed", 1, f"{judged['transfer_errors']} transfer(s) failed: {first}"
+        elif judged.get("mismatches") or judged.get("digest_failures"):
             status, code = "mismatch", 1
-        elif unexplained_recomputes(summary) and not cfg.scenario.expect_recompute:
+        elif unexplained_recomputes(judged) and not cfg.scenario.expect_recompute:
             status, code, error = "kv_recomputed", 1, (
-                f"{unexplained_recomputes(summary)} request(s) recomputed their prompt on the decode engine "
+                f"{unexplained_recomputes(judged)} request(s) recomputed their prompt on the decode engine "
                 f"instead of using the KV they were sent (not preempted; see kv_recomputed in requests.jsonl)")
+        elif summary.get("faults_missed"):
+            status, code, error = "fault_missed", 1, (
+                f"{summary['faults_missed']} of {summary['faults_injected']} injected transport faults went unseen: "
+                f"neither failed nor recomputed by the decode engine (see fault in requests.jsonl)")
         elif leaked:
             status, code, error = "kv_leak", 1, f"KV blocks still held after every request finished: {leaked}"
         summary.update(status=status, error=error)

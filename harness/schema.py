@@ -108,6 +108,7 @@ class RequestRow:
     decode_preemptions: int | None
     prefill_preemptions: int | None
     kv_recomputed: bool | None  # the decode engine computed prompt tokens beyond the last one
+    fault: str | None  # the transport fault a scenario injected into this request's transfer (scenario.fault)
     token_ids: list[int]
     base_token_ids: list[int]
     schema_version: int = SCHEMA_VERSION

@@ -117,6 +117,11 @@ def test_vllm_example_with_a_prompt_under_one_block(tmp_path):
     (["model=hf"], ["model.path has no value"]),
     (["strategy=vllm_nixl", "run.decode_submit=early"], ["run.decode_submit=early", "after_prefill"]),
     (["run.decode_submit=later"], ["run.decode_submit must be early, after_prefill or null", "'later'"]),
+    (["run.kv_load_failure_policy=retry"], ["run.kv_load_failure_policy must be fail, recompute or null"]),
+    (["scenario=fault_drop", "scenario.fault.kind=lose"], ["scenario.fault.kind must be one of", "'lose'"]),
+    (["scenario=fault_drop", "scenario.fault.every=0"], ["scenario.fault.every must be an integer >= 1"]),
+    (["scenario=fault_drop", "strategy=vllm_nixl"], ["scenario.fault is injected by this project's connectors"]),
+    (["scenario=fault_drop", "runner=serve"], ["transport-fault scenarios run with runner=offline"]),
 ])
 def test_settings_that_moved_or_do_not_apply(tmp_path, overrides, words):
     assert_bad_input(run_harness(tmp_path / "r", *overrides), *words)

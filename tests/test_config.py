@@ -212,10 +212,19 @@ def test_our_connectors_get_harness_strategy_and_transport_sections(tmp_path):
     assert extra["transport"] == {"kind": "gloo", "staging_mb": None}
     assert extra["harness"] == {"rendezvous": str(tmp_path / "port"), "host": "127.0.0.1",
                                 "stats_path": str(tmp_path / "decode.jsonl"), "verify": True, "corrupt": True,
-                                "timeout_s": 7.0, "decode_submit": "early"}
+                                "checksums": False, "timeout_s": 7.0, "decode_submit": "early", "fault": None}
     staged = transfer_config(compose_job(["transport.staging_mb=64", "check.digests=false"]), "prefill",
                              tmp_path / "p", tmp_path / "s")["kv_connector_extra_config"]
     assert staged["transport"] == {"kind": "staged", "staging_mb": 64} and staged["harness"]["verify"] is False
+
+
+def test_a_fault_scenario_reaches_the_prefill_worker_and_vllms_failure_policy_both(tmp_path):
+    cfg = compose_job(["scenario=fault_flip"])
+    prefill, decode = (transfer_config(cfg, e, tmp_path / "p", tmp_path / "s") for e in ("prefill", "decode"))
+    assert prefill["kv_connector_extra_config"]["harness"]["fault"] == {"kind": "flip", "every": 2}
+    assert decode["kv_connector_extra_config"]["harness"]["fault"] is None  # the prefill worker injects it
+    assert prefill["kv_load_failure_policy"] == decode["kv_load_failure_policy"] == "recompute"
+    assert decode["kv_connector_extra_config"]["harness"]["checksums"] is True
 
 
 def test_vllm_connectors_get_their_params_flat(tmp_path):
@@ -249,7 +258,7 @@ def test_a_vllm_connector_may_take_any_param_name():
 def test_transport_and_check_defaults():
     cfg = compose_job([])
     assert cfg.transport == {"kind": "staged", "staging_mb": None}
-    assert cfg.check == {"digests": True, "corrupt": False}
+    assert cfg.check == {"digests": True, "corrupt": False, "checksums": False}
     assert compose_job(["transport=gloo"]).transport.kind == "gloo"
 
 

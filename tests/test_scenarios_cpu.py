@@ -1,7 +1,10 @@
-"""The pressure scenarios (conf/scenario) on CPU, every built-in strategy: each provokes what
-it names, and a correct strategy passes it (outputs and digests match, no block held, every
-recompute explained by a preemption)."""
+"""The scenarios (conf/scenario) on CPU: each provokes what it names, and every built-in strategy
+passes it. Pressure: outputs and digests match, no block held, every recompute explained by a
+preemption. Transport faults: each faulted transfer is caught (the request fails with its reason
+or is recomputed to the right output, as vLLM's kv_load_failure_policy says), the others match,
+nothing hangs past the transfer timeout."""
 
+import psutil
 import pytest
 
 from tests.conftest import run_harness
@@ -51,3 +54,62 @@ def test_prefill_blocks_reused_right_after_a_send_are_sent_intact(results_dir, s
         reused += bool(seen & set(r["block_ids"]))
         seen |= set(r["block_ids"])
     assert reused, "the scenario should have handed a sent request's blocks to a later request"
+
+
+# what each fault scenario's faulted requests must show: vLLM's policy, the reason in the row
+FAULTS = {"drop": ("fail", "no KV arrived"), "delay": ("recompute", "no KV arrived"),
+          "truncate": ("fail", "truncated"), "flip": ("recompute", "checksum differs")}
+
+
+def check_faults_caught(run, kind: str) -> None:
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "ok" and s["requests"] == 4
+    assert s["faults_injected"] == s["faults_caught"] == 2 and s["faults_missed"] == 0  # transfers 2 and 4
+    assert s["kv_blocks_in_use"] == {"prefill": 0, "decode": 0}
+    policy, reason = FAULTS[kind]
+    for r in run.jsonl("requests.jsonl"):
+        if r["fault"] is None:
+            assert r["match"] and r["digest_match"] and r["error"] is None and not r["kv_recomputed"]
+        elif policy == "fail":  # vLLM failed the request, the row says why
+            assert reason in r["error"] and r["output_len"] < 16
+        else:  # vLLM recomputed it: the right output, and the row says so
+            assert reason in r["error"] and r["kv_recomputed"] and r["match"]
+
+
+@pytest.mark.parametrize("kind", ["drop", "delay"])
+def test_a_transfer_that_never_comes_in_time_is_failed_or_recomputed_at_the_timeout(results_dir, kind):
+    run = run_harness(results_dir / f"scenario-fault_{kind}", f"scenario=fault_{kind}")
+    check_faults_caught(run, kind)
+    assert run.summary["timings"]["disagg_s"] < 2 * 5 + 10  # two requests waited the 5 s timeout, no longer
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("kind", ["truncate", "flip"])
+def test_a_transfer_that_arrives_damaged_is_caught_on_arrival(results_dir, kind, strategy):
+    run = run_harness(results_dir / f"scenario-fault_{kind}-{strategy}", f"scenario=fault_{kind}",
+                      f"strategy={strategy}")
+    check_faults_caught(run, kind)
+
+
+def test_bit_flips_without_checksums_are_reported_as_missed(results_dir):
+    """The decode engine cannot see them: it uses the damaged KV. The digests do, and the run
+    says the faults went unseen."""
+    run = run_harness(results_dir / "scenario-fault_flip-no_checksums", "scenario=fault_flip", "check.checksums=false")
+    assert run.code == 1, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "fault_missed" and s["faults_missed"] == 2
+    faulted = [r for r in run.jsonl("requests.jsonl") if r["fault"]]
+    assert all(r["digest_match"] is False and r["error"] is None for r in faulted)
+
+
+def test_a_prefill_worker_dying_mid_transfer_stops_the_run(results_dir):
+    run = run_harness(results_dir / "scenario-sender_dies", "strategy=custom", "strategy.name=dies_mid_send",
+                      "strategy.module=tests.crashing_strategy", "strategy.connector=DiesMidSend",
+                      "sampling.max_tokens=4", "run.request_timeout_s=60")
+    assert run.code == 3, run.stderr[-3000:]
+    assert "prefill engine" in run.stderr and "died" in run.stderr
+    assert run.summary["status"] == "engine_failed" and run.summary["timings"]["total_s"] < 120
+    assert len(run.jsonl("baseline.jsonl")) == 4 and len(run.jsonl("requests.jsonl")) == 1
+    for pid in run.summary["engine_pids"].values():
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -50,11 +50,11 @@ def test_readme_documents_every_field_of_every_row_and_no_other():
 
 
 def test_readme_documents_every_summary_key_and_no_other():
-    rows = [_request_row(match=True), _request_row(match=False)]
+    rows = [_request_row(match=True), _request_row(match=False), _request_row(fault="drop", error="no KV")]
     summary = run_summary(rows, status="mismatch", error=None, run_id="r", strategy="fused", model="m",
                           workload="w", device="cpu", copy_ceiling_gbps=5.0, timings={}, engine_pids={},
                           cudagraph_modes={}, decode_submit="early", kv_blocks_in_use={"prefill": 0, "decode": 0})
-    assert summary["schema_version"] == SCHEMA_VERSION and summary["mismatches"] == 1
+    assert summary["schema_version"] == SCHEMA_VERSION and summary["mismatches"] == 2
     assert expand(documented("summary.json")) == set(summary) | {"recomputed", "diagnosis"}
 
 
@@ -194,3 +194,12 @@ def test_recomputes_are_counted_and_those_after_a_preemption_told_apart():
     s = summarize(rows)
     assert (s["kv_recomputed"], s["kv_recomputed_preempted"], s["decode_preemptions"]) == (2, 1, 2)
     assert "kv_recomputed" not in summarize([_request_row(kv_recomputed=None)])
+
+
+def test_faults_count_as_caught_when_the_request_failed_or_was_recomputed_right():
+    rows = [_request_row(fault="drop", error="no KV arrived"),
+            _request_row(fault="flip", kv_recomputed=True, match=True),
+            _request_row(fault="flip", match=False), _request_row(match=True)]
+    s = summarize(rows)
+    assert (s["faults_injected"], s["faults_caught"], s["faults_missed"]) == (3, 2, 1)
+    assert "faults_injected" not in summarize([_request_row(match=True)])

@@ -48,6 +48,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from transfer_strategies.faults import TransferFault
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.records import TransferRecordWriter, compute_path
 from transfer_strategies.scheduler import RequestTracker, TransferMetadata, TransferRequest
@@ -174,9 +175,7 @@ class TransferConnector(KVConnectorBase_V1):
         if self.is_producer or not self.has_connector_metadata():
             return None, None
         for req in self.worker.arrived(idle=self.this_step().idle):
-            self.begin_receive(req)
-            self.receive(req)
-            self.end_receive(req)
+            self._load(req)
         return None, self.worker.finished_receiving() or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
@@ -187,9 +186,16 @@ class TransferConnector(KVConnectorBase_V1):
         for req in step.sends:
             self.prepare_send(req)
         for req in step.loads:
-            self.begin_receive(req)
+            self._load(req)
+
+    def _load(self, req: TransferRequest) -> None:
+        self.begin_receive(req)
+        try:
             self.receive(req)
-            self.end_receive(req)
+        except TransferFault as e:  # arrived broken (truncated, or not what was sent)
+            self.worker.fail_receive(req, str(e))
+            return
+        self.end_receive(req)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return

@@ -63,6 +63,10 @@ class ParkedRequests:
         self._unscheduled |= done
         return done
 
+    def fail_blocks(self, block_ids) -> None:
+        """Blocks a load left wrong (a transfer caught broken): reported with the next load errors."""
+        self._failed_blocks.update(block_ids)
+
     def load_errors(self) -> set[int]:
         failed, self._failed_blocks = self._failed_blocks, set()
         return failed

@@ -78,6 +78,7 @@ class TransferRecord(JsonRecord):
     t_kv_checked: float | None = None  # receive: its digests computed (check.digests), right after t_kv_ready
     t_decode_scheduled: float | None = None  # receive: vLLM scheduled the step computing the first token
     error: str | None = None  # receive: why the KV was not loaded (the request failed or recomputed)
+    fault: str | None = None  # send: the transport fault a scenario injected into this transfer
     schema_version: int = SCHEMA_VERSION
 
 

@@ -64,6 +64,7 @@ class TransferRequest:
     messages: int = 0
     received: list = field(default_factory=list)  # the transport's Messages
     digests: list[str] | None = None  # taken before the transfer ended (a drain's, while it holds its blocks)
+    fault: str | None = None  # prefill: the transport fault a scenario injects into this transfer (faults.py)
 
 
 @dataclass

@@ -13,12 +13,14 @@ are reported to vLLM as not loaded (`load_errors`), so vLLM's kv_load_failure_po
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
 
 from transfer_strategies.clock import SendClock
 from transfer_strategies.digests import BlockDigests
+from transfer_strategies.faults import WITHHELD, FaultInjector, TransferFault, check_message, header
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.negative_control import corrupt_received
 from transfer_strategies.parking import ParkedRequests
@@ -32,7 +34,7 @@ LAYOUT_ID = "__layout__"
 class TransferWorker:
     def __init__(self, strategy: str, is_producer: bool, harness: dict, transport: dict):
         """harness: what the harness sets (rendezvous, host, stats_path, verify, corrupt,
-        timeout_s); transport: the channel's settings (kind, staging_mb, ...)."""
+        timeout_s, checksums, fault); transport: the channel's settings (kind, staging_mb, ...)."""
         self.strategy = strategy
         self.is_producer = is_producer
         self.harness = harness
@@ -44,6 +46,8 @@ class TransferWorker:
         self.kv: KVBlocks | None = None
         self.channel = None
         self.timeout_s = float(harness.get("timeout_s", 300))
+        self.checksums = bool(harness.get("checksums", False))  # each message's payload checksum in its header
+        self.faults = FaultInjector(harness.get("fault"), self.timeout_s)  # prefill: a scenario's transport faults
         self.parking = ParkedRequests(self.timeout_s)  # decode, early submission
         self._scheduled_at: dict[str, float] = {}  # req id -> when its first decode step was scheduled
         self._unwritten: dict[str, TransferRecord] = {}  # receive records waiting for that stamp
@@ -78,14 +82,30 @@ class TransferWorker:
 
     def begin_send(self, req: TransferRequest, streaming: bool = False) -> None:
         req.clock = SendClock(self.kv.device, streaming)
+        req.fault = self.faults.pick()
 
     def post(self, req: TransferRequest, payload: torch.Tensor, index: int, count: int) -> None:
         t0 = req.clock.start()
         # The last message's doorbell rings from this thread (no hand-over); earlier ones, and
         # all of a streaming send, from the channel's thread so that launching copies goes on.
         background = req.clock.streaming or index < count - 1
-        req.bytes += self.channel.send(req.transfer_id, index, count, payload, background=background, t0=t0)
+        meta = dict(header(payload, self.checksums), t0=t0)
         req.messages += 1
+        if req.fault is not None:
+            payload = self.faults.damage(req.fault, payload, index, count, self.channel.owns(payload))
+            if req.fault in WITHHELD:
+                self._withhold(req, payload, index, count, meta)
+                return
+        req.bytes += self.channel.send(req.transfer_id, index, count, payload, background=background, **meta)
+
+    def _withhold(self, req: TransferRequest, payload: torch.Tensor, index: int, count: int, meta: dict) -> None:
+        """A dropped message gives its staging space back; a delayed one leaves from a timer."""
+        if req.fault == "drop":
+            self.channel.discard(payload)
+            return
+        timer = threading.Timer(self.faults.delay_s, self.channel.send, (req.transfer_id, index, count, payload), meta)
+        timer.daemon = True
+        timer.start()
 
     def end_send(self, req: TransferRequest) -> None:
         req.clock.start()  # in case nothing was posted
@@ -154,7 +174,19 @@ class TransferWorker:
     def collect(self, req: TransferRequest, index: int | None = None) -> list[Message]:
         msgs = self.channel.wait(req.transfer_id, index)
         req.received.extend(msgs)
+        for m in msgs:
+            problem = check_message(m)
+            if problem is not None:
+                raise TransferFault(f"transfer {req.transfer_id} message {m.index + 1} of {m.count}: {problem}")
         return msgs
+
+    def fail_receive(self, req: TransferRequest, reason: str) -> None:
+        """A transfer caught broken: its messages are dropped, its blocks reported to vLLM as
+        failed loads (its kv_load_failure_policy fails or recomputes the request), its record
+        says why."""
+        self.channel.release(req.transfer_id)
+        self.parking.fail_blocks(req.block_ids[req.skip_blocks:])
+        self._record(req, "receive", error=reason, t_admitted=req.t_admitted)
 
     def end_receive(self, req: TransferRequest) -> None:
         if self.corrupt:
@@ -193,7 +225,7 @@ class TransferWorker:
         if self.records is None:
             return
         record = TransferRecord(
-            transfer_id=req.transfer_id, side=side, strategy=self.strategy, blocks=len(req.block_ids),
+            transfer_id=req.transfer_id, side=side, strategy=self.strategy, blocks=len(req.block_ids), fault=req.fault,
             block_ids=list(req.block_ids),
             skip_blocks=req.skip_blocks, tokens=req.num_tokens, kv_cache_blocks=self.kv.num_blocks,
             kv_cache_bytes=self.kv.cache_bytes(), bytes=req.bytes, messages=req.messages,

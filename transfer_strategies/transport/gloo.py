@@ -46,6 +46,12 @@ class GlooSender:
     def alloc(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)
 
+    def owns(self, payload: torch.Tensor) -> bool:  # no send space: payloads are sent from where they are
+        return False
+
+    def discard(self, payload: torch.Tensor) -> None:
+        return None
+
     def send(self, transfer_id: str, index: int, count: int, payload: torch.Tensor, background: bool = False,
              **meta) -> int:
         """Post one message and return its payload size; `flush` waits until it has left (gloo

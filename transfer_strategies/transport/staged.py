@@ -76,6 +76,22 @@ class StagedSender:
             return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         return self.staging[region:region + nbytes]
 
+    def owns(self, payload: torch.Tensor) -> bool:
+        """Whether the payload lies in this channel's send space (an alloc() region)."""
+        offset = payload.data_ptr() - self.staging.data_ptr()
+        return payload.device == self.staging.device and 0 <= offset < self.staging.numel()
+
+    def discard(self, payload: torch.Tensor) -> None:
+        """Give back the alloc() region of a payload that will not be sent (a dropped message)."""
+        if not self.owns(payload):
+            return
+        with self._cond:
+            region = self.space.region_at(payload.data_ptr() - self.staging.data_ptr())
+            if region is not None and self._state.get(region) == ALLOCATED:
+                del self._state[region]
+                self.space.give(region)
+                self._cond.notify_all()
+
     def send(self, transfer_id: str, index: int, count: int, payload: torch.Tensor, background: bool = False,
              **meta) -> int:
         """Post one message (its payload ideally built in `alloc`'s space) and return its size.
