@@ -84,6 +84,9 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
                 if cmd == "usage":
                     conn.send(("usage", {"kv_blocks_in_use": _kv_blocks_in_use(engine)}))
                     continue
+                if cmd == "reset_prefix_cache":  # between passes over the same prompts
+                    conn.send(("reset_prefix_cache", {"ok": bool(engine.reset_prefix_cache())}))
+                    continue
                 req_id, token_ids, sampling = args
                 engine.add_request(req_id, {"prompt_token_ids": token_ids}, SamplingParams(**sampling))
                 busy = True
@@ -140,14 +143,21 @@ class EngineProcess:
 
     def usage(self, timeout_s: float = 30.0) -> dict:
         """What the engine holds now (between requests): {"kv_blocks_in_use": n}."""
+        return self._ask("usage", timeout_s)
+
+    def reset_prefix_cache(self, timeout_s: float = 30.0) -> bool:
+        """Empty its prefix cache (between requests), so that the same prompts are computed again."""
+        return self._ask("reset_prefix_cache", timeout_s)["ok"]
+
+    def _ask(self, cmd: str, timeout_s: float) -> dict:
         try:
-            self.conn.send(("usage",))
+            self.conn.send((cmd,))
         except (BrokenPipeError, OSError):
             raise EngineDied(self.failure_message()) from None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for _, kind, info in next_events([self], 1.0):
-                if kind == "usage":
+                if kind == cmd:
                     return info
         raise EngineDied(f"the {self.name} engine did not answer within {timeout_s:.0f} s")
 

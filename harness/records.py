@@ -38,6 +38,12 @@ class JsonlWriter:
     def close(self) -> None:
         self._f.close()
 
+    def __enter__(self) -> JsonlWriter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 def ended_early(e: BaseException, run_dir: Path) -> tuple[str, int, str]:
     """(status, exit code, error) of a run that an engine's or instance's death (exit 3) or the
@@ -208,6 +214,8 @@ def format_table(rows: list[dict], summary: dict) -> str:
     return "\n".join([
         stats_table(rows, REQUEST_COLUMNS), "",
         f"match {s.get('requests', 0) - s.get('mismatches', 0)}/{s.get('requests', 0)}"
+        + (f" (baseline with itself {format_value(s['baseline_self_match_rate'], '.2f')})"
+           if s.get("baseline_self_match_rate") is not None else "") +
         f"  digest failures {s.get('digest_failures', 0)}/{s.get('digest_checked', 0)}"
         f"  ttft p50 {f(s.get('ttft_ms_p50'), '.1f')} ms (baseline {f(s.get('base_ttft_ms_p50'), '.1f')})"
         f"  e2e p50 {f(s.get('e2e_ms_p50'), '.1f')} ms (baseline {f(s.get('base_e2e_ms_p50'), '.1f')})"

@@ -77,6 +77,9 @@ def test_every_output_matches_the_baseline(strategy_run):
     s = strategy_run.summary
     assert s["status"] == "ok" and s["requests"] == len(edge_prompts())
     assert s["match_rate"] == 1.0 and s["mismatches"] == 0
+    # the baseline's own noise, measured on a second pass (run.baseline_repeat)
+    assert len(strategy_run.jsonl("baseline_repeat.jsonl")) == len(edge_prompts())
+    assert isinstance(s["baseline_self_mismatches"], int) and 0 <= s["baseline_self_match_rate"] <= 1
     assert "match" in strategy_run.stdout and "GB/s" in strategy_run.stdout
 
 

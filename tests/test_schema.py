@@ -53,7 +53,8 @@ def test_readme_documents_every_summary_key_and_no_other():
     rows = [_request_row(match=True), _request_row(match=False), _request_row(fault="drop", error="no KV")]
     summary = run_summary(rows, status="mismatch", error=None, run_id="r", strategy="fused", model="m",
                           workload="w", device="cpu", copy_ceiling_gbps=5.0, timings={}, engine_pids={},
-                          cudagraph_modes={}, decode_submit="early", kv_blocks_in_use={"prefill": 0, "decode": 0})
+                          cudagraph_modes={}, decode_submit="early", kv_blocks_in_use={"prefill": 0, "decode": 0},
+                          baseline_self_mismatches=0, baseline_self_match_rate=1.0)
     assert summary["schema_version"] == SCHEMA_VERSION and summary["mismatches"] == 2
     assert expand(documented("summary.json")) == set(summary) | {"recomputed", "diagnosis"}
 
