@@ -48,6 +48,18 @@ def _kv_blocks_in_use(engine) -> int | None:
         return None
 
 
+def _transfer_held() -> dict | None:
+    """What this engine's connector worker still holds (this project's connectors: the worker
+    runs in this process, the engine core and its one worker being in-process here), else None."""
+    try:
+        from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+
+        worker = getattr(get_kv_transfer_group(), "worker", None) if has_kv_transfer_group() else None
+        return worker.held() if worker is not None and hasattr(worker, "held") else None
+    except Exception:  # noqa: BLE001 - vLLM's internals differ between versions: then unknown
+        return None
+
+
 def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None:
     os.setsid()
     _die_with_parent()
@@ -73,6 +85,8 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
         mode = getattr(engine.vllm_config.compilation_config, "cudagraph_mode", None)
         conn.send(("ready", {"startup_s": time.monotonic() - t0, "cudagraph_mode": getattr(mode, "name", None)}))
         first_token: dict[str, float] = {}
+        live: set[str] = set()  # submitted, not reported done
+        aborted: set[str] = set()  # reported done when aborted: vLLM's later output for them is dropped
         while True:
             busy = engine.has_unfinished_requests()
             while conn.poll(0 if busy else 0.2):
@@ -82,22 +96,41 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
                     sys.stdout.flush()
                     os._exit(0)
                 if cmd == "usage":
-                    conn.send(("usage", {"kv_blocks_in_use": _kv_blocks_in_use(engine)}))
+                    conn.send(("usage", {"kv_blocks_in_use": _kv_blocks_in_use(engine),
+                                         "transfer_held": _transfer_held()}))
                     continue
                 if cmd == "reset_prefix_cache":  # between passes over the same prompts
                     conn.send(("reset_prefix_cache", {"ok": bool(engine.reset_prefix_cache())}))
                     continue
+                if cmd == "abort":  # as a client going away would: vLLM frees what the request holds
+                    (req_id,) = args
+                    if req_id not in live:  # finished meanwhile: its done is on its way
+                        continue
+                    live.discard(req_id)
+                    engine.abort_request([req_id])
+                    aborted.add(req_id)
+                    now = time.monotonic()
+                    conn.send(("done", {"req_id": req_id, "token_ids": [], "logprobs": None,
+                                        "first_token_t": first_token.pop(req_id, now), "finished_t": now,
+                                        "finish_reason": "abort", "kv_transfer_params": None}))
+                    continue
                 req_id, token_ids, sampling = args
                 engine.add_request(req_id, {"prompt_token_ids": token_ids}, SamplingParams(**sampling))
+                live.add(req_id)
                 busy = True
             if not busy:
                 continue
             for out in engine.step():
+                if out.request_id in aborted:
+                    if out.finished:
+                        aborted.discard(out.request_id)
+                    continue
                 now = time.monotonic()
                 comp = out.outputs[0]
                 if out.request_id not in first_token and comp.token_ids:
                     first_token[out.request_id] = now
                 if out.finished:
+                    live.discard(out.request_id)
                     logprobs = None
                     if comp.logprobs is not None:
                         logprobs = [lp[t].logprob for lp, t in zip(comp.logprobs, comp.token_ids)]
@@ -138,6 +171,13 @@ class EngineProcess:
     def submit(self, req_id: str, token_ids: list[int], sampling: dict) -> None:
         try:
             self.conn.send(("submit", req_id, token_ids, sampling))
+        except (BrokenPipeError, OSError):
+            raise EngineDied(self.failure_message()) from None
+
+    def abort(self, req_id: str) -> None:
+        """Abort a request (it is reported done, finish_reason "abort", if it had not finished)."""
+        try:
+            self.conn.send(("abort", req_id))
         except (BrokenPipeError, OSError):
             raise EngineDied(self.failure_message()) from None
 

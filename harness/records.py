@@ -12,6 +12,7 @@ Rows are appended and flushed one by one so that a crash loses nothing already m
 
 from __future__ import annotations
 
+import gzip
 import importlib.metadata
 import json
 import platform
@@ -56,9 +57,17 @@ def ended_early(e: BaseException, run_dir: Path) -> tuple[str, int, str]:
 
 
 def read_jsonl(path: Path) -> list[dict]:
-    if not Path(path).exists():
+    """The rows of a JSONL file, or of its gzipped copy beside it (`<name>.gz`: large committed
+    results are kept compressed); none if neither exists."""
+    path = Path(path)
+    zipped = path.with_name(path.name + ".gz")
+    if path.exists():
+        text = path.read_text()
+    elif zipped.exists():
+        text = gzip.decompress(zipped.read_bytes()).decode()
+    else:
         return []
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def write_json(path: Path, obj) -> None:
@@ -113,7 +122,9 @@ def summarize(rows: list[dict]) -> dict:
     out["transfer_errors"] = sum(bool(r.get("error")) for r in rows)
     out.update(recompute_counts(rows))
     out.update(fault_counts(rows))
-    clean = [r for r in rows if not r.get("fault")]  # a scenario's faulted transfers fail on purpose
+    if any(r.get("aborted") and r.get("aborted") == r.get("aborted") for r in rows):
+        out["aborted"] = sum(bool(r.get("aborted")) and r.get("aborted") == r.get("aborted") for r in rows)
+    clean = [r for r in rows if not r.get("fault") and not r.get("aborted")]  # a scenario's, on purpose
     if out["digest_checked"] and not out["digest_failures"] and any(not r.get("match") for r in clean):
         out["diagnosis"] = ("outputs differ although every KV block arrived intact (digests match): the decode "
                             "engine used the KV wrongly or before it had arrived")

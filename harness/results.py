@@ -21,7 +21,7 @@ from harness.records import read_jsonl
 from harness.schema import UNVERSIONED, RequestRow, ServeRow, field_names
 
 VERSION_COLUMNS = ["vllm", "torch", "python", "device_name", "git_sha"]
-RUN_FILES = ("summary.json", "requests.jsonl")
+RUN_FILES = ("summary.json", "requests.jsonl", "requests.jsonl.gz")
 
 
 def find_runs(*paths: str | Path) -> list[Path]:

@@ -7,6 +7,7 @@ Everything that can be wrong with the config is checked before any engine starts
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
 import time
@@ -103,6 +104,8 @@ def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path | list[Path],
     harness = {"rendezvous": rendezvous, "host": "127.0.0.1", "stats_path": str(stats_path),
                "verify": bool(cfg.check.digests), "corrupt": bool(cfg.check.corrupt),
                "checksums": bool(cfg.check.checksums), "timeout_s": float(cfg.run.transfer_timeout_s),
+               # the other engine may take this long to start before the channel opens
+               "startup_timeout_s": float(cfg.run.startup_timeout_s),
                "decode_submit": decode_submit(cfg),
                "fault": OmegaConf.to_container(fault, resolve=True) if fault and engine == "prefill" else None}
     transport = {"staging_mb": None, **OmegaConf.to_container(cfg.transport, resolve=True)}
@@ -131,11 +134,14 @@ class _InFlight:
 
 
 def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]], dict]]]], workload: Workload,
-             timeout_s: float, on_finish: Callable[[Prompt, float, list[dict]], None], phase: str = "") -> None:
+             timeout_s: float, on_finish: Callable[[Prompt, float, list[dict]], None], phase: str = "",
+             aborts: dict[int, Abort] | None = None) -> None:
     """Run every prompt through the stages in order, with up to `workload.concurrency` prompts in
     flight. A stage is one or more (engine, sampling) requests submitted together; the next stage
     starts when all of them have finished, and its sampling parameters may use the earlier
-    results. on_finish gets the results in the order of the requests (each with `submitted_t`)."""
+    results. on_finish gets the results in the order of the requests (each with `submitted_t`;
+    an aborted one's finish_reason is "abort"). aborts: prompt index -> when (after the prompt's
+    first submission) to abort its requests on which engines, if they are still running then."""
     waiting = list(workload.prompts)
     flights: list[_InFlight] = []
     active: dict[str, tuple[_InFlight, int, float]] = {}  # request id -> its prompt, result index, submitted at
@@ -149,6 +155,18 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
             active[rid] = (f, first_slot[f.stage] + j, time.monotonic())
             engine.submit(rid, f.prompt.token_ids, sampling(f.prompt, f.results))
 
+    due: list[tuple[float, _InFlight, Abort]] = []  # aborts not yet sent
+
+    def send_aborts() -> None:
+        now = time.monotonic()
+        for item in [d for d in due if d[0] <= now]:
+            due.remove(item)
+            _, f, abort = item
+            for rid, (g, _, _) in list(active.items()):
+                engine = next(e for e in engines if rid.startswith(f"{e.name}-"))
+                if g is f and engine.name in abort.engines:
+                    engine.abort(rid)
+
     # live on one line in a terminal; in logs and CI a line every 10 s
     progress = tqdm(total=len(workload.prompts), desc=phase or "+".join(e.name for e in engines), unit="req",
                     file=sys.stdout, mininterval=0.5 if sys.stdout.isatty() else 10, dynamic_ncols=True)
@@ -158,7 +176,12 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
             while waiting and len(flights) < workload.concurrency:
                 flights.append(_InFlight(waiting.pop(0), time.monotonic(), [None] * sum(map(len, stages))))
                 submit(flights[-1])
-            events = next_events(engines, 1.0)
+                abort = (aborts or {}).get(flights[-1].prompt.index)
+                if abort is not None:
+                    due.append((flights[-1].t0 + abort.after_s, flights[-1], abort))
+            wait_s = min([1.0] + [max(d[0] - time.monotonic(), 0.0) for d in due])
+            events = next_events(engines, wait_s)
+            send_aborts()
             if not events and time.monotonic() - last_progress > timeout_s:
                 raise EngineDied(f"no request finished for {timeout_s:.0f} s (run.request_timeout_s); "
                                  f"in flight: {sorted(active)}")
@@ -178,6 +201,40 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
                     flights.remove(f)
                     on_finish(f.prompt, f.t0, f.results)
                     progress.update()
+
+
+@dataclass
+class Abort:
+    after_s: float  # after the prompt's first request was submitted
+    engines: tuple[str, ...]  # whose requests: ("prefill",), ("decode",) or both
+
+
+def abort_plan(workload: Workload, spec, seed: int) -> dict[int, Abort]:
+    """scenario.aborts ({fraction, max_delay_ms}) as prompt index -> Abort: that share of the
+    prompts, each at a random point in its first max_delay_ms (during its prefill, its transfer
+    or its decode, depending on the prompt), on the prefill engine, the decode engine or both."""
+    if not spec:
+        return {}
+    rng = random.Random(seed)
+    sides = [("prefill",), ("decode",), ("prefill", "decode")]
+    chosen = rng.sample(list(workload.prompts), round(spec.fraction * len(workload.prompts)))
+    return {p.index: Abort(rng.uniform(0, spec.max_delay_ms / 1e3), rng.choice(sides)) for p in chosen}
+
+
+def settled_usage(engines: list[EngineProcess], settle_s: float = 15.0) -> tuple[dict, dict]:
+    """Once every request has ended: each engine's KV blocks in use and what its connector
+    worker still holds ({name: ...}), asked again for up to settle_s while anything is held (a
+    request's late KV, cancelled or timed out, is dropped when it comes; vLLM's pull connector
+    frees the prefill's blocks on a later step)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        usage = {e.name: e.usage() for e in engines}
+        blocks = {n: u["kv_blocks_in_use"] for n, u in usage.items()}
+        held = {n: u.get("transfer_held") for n, u in usage.items()}
+        if not (any(blocks.values()) or any(h and any(h.values()) for h in held.values())) \
+                or time.monotonic() > deadline:
+            return blocks, held
+        time.sleep(0.5)
 
 
 def warmup_workload(workload: Workload, n: int) -> Workload:
@@ -341,6 +398,8 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
         load_ms=received("load_ms"), ready_ms=received("ready_ms"), notify_ms=received("notify_ms"),
         gbps=n_bytes / transfer_ms / 1e6 if n_bytes and transfer_ms else None,
         **t, **ttft_overhead_parts(t, base["ttft_ms"], kv_gates_first_token=gated), **computed, fault=sent("fault"),
+        aborted="+".join(n for n, r in zip(("prefill", "decode"), results) if r.get("finish_reason") == "abort")
+        or None,
         token_ids=dec["token_ids"], base_token_ids=base["token_ids"],
     ).to_dict()
 
@@ -391,6 +450,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     }
     engines: dict[str, EngineProcess] = {}
     kv_in_use: dict[str, int | None] = {}
+    transfer_held: dict[str, dict | None] = {}
     base_rows: dict[int, dict] = {}
     self_match: list[bool] = []  # the baseline's second pass against its first, per prompt (run.baseline_repeat)
     rows: list[dict] = []
@@ -404,6 +464,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             # vLLM's NIXL connector listens on a side channel per engine for the handshake
             env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
         engines[name] = EngineProcess(name, a, env, run_dir / f"{name}.log")
+        # who is who while the run goes on (a monitor samples their memory: scripts/bench_soak.py)
+        write_json(run_dir / "engines.json", {n: e.proc.pid for n, e in engines.items()})
         return engines[name]
 
     base_out = JsonlWriter(run_dir / "baseline.jsonl")
@@ -471,10 +533,13 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             timings["warmup_s"] = time.monotonic() - t0
 
         t0 = time.monotonic()
-        pipeline(disagg, workload, cfg.run.request_timeout_s, on_disagg)
+        pipeline(disagg, workload, cfg.run.request_timeout_s, on_disagg,
+                 aborts=abort_plan(workload, cfg.scenario.get("aborts"), cfg.engine.seed))
         timings["disagg_s"] = time.monotonic() - t0
         # every request has finished: a block still held is a leak (a parked request never released)
-        kv_in_use = {n: engines[n].usage()["kv_blocks_in_use"] for n in ("prefill", "decode")}
+        # vLLM's pull connector frees the prefill's blocks on a later step (not waited for: reported)
+        kv_in_use, transfer_held = settled_usage([engines["prefill"], engines["decode"]],
+                                                 settle_s=15.0 if cfg.strategy.module else 0.0)
     except (EngineDied, KeyboardInterrupt) as e:
         status, code, error = ended_early(e, run_dir)
     finally:
@@ -492,15 +557,18 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                           model=cfg.model.name, workload=cfg.workload.name, device=device, copy_ceiling_gbps=ceiling,
                           timings=timings, engine_pids={n: e.proc.pid for n, e in engines.items()},
                           cudagraph_modes={n: e.cudagraph_mode for n, e in engines.items()},
-                          decode_submit=submit_mode, kv_blocks_in_use=kv_in_use,
+                          decode_submit=submit_mode, kv_blocks_in_use=kv_in_use, transfer_held=transfer_held,
                           baseline_self_mismatches=self_match.count(False) if self_match else None,
                           baseline_self_match_rate=self_match.count(True) / len(self_match) if self_match else None)
     if status == "ok":
         # vLLM's pull connector frees the prefill's blocks when a later engine step hears that the
         # decode engine has read them: an idle engine still holds the last ones
         leaked = {n: k for n, k in kv_in_use.items() if k and cfg.strategy.module}
-        # a scenario's faulted transfers are judged apart: each must have been caught
-        judged = summarize([r for r in rows if not r.get("fault")]) if summary.get("faults_injected") else summary
+        leaked.update({n: h for n, h in transfer_held.items() if h and any(h.values())})
+        # a scenario's faulted transfers and aborted requests are judged apart (faults: each must
+        # have been caught; aborts: nothing they held may stay held, checked below)
+        provoked = [r for r in rows if r.get("fault") or r.get("aborted")]
+        judged = summarize([r for r in rows if r not in provoked]) if provoked else summary
         if judged.get("transfer_errors"):
             first = next(r["error"] for r in rows if r.get("error") and not r.get("fault"))
             status, code, error = "transfer_failed", 1, f"{judged['transfer_errors']} transfer(s) failed: {first}"
@@ -516,7 +584,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                 f"{summary['faults_missed']} of {summary['faults_injected']} injected transport faults went unseen: "
                 f"neither failed nor recomputed by the decode engine (see fault in requests.jsonl)")
         elif leaked:
-            status, code, error = "kv_leak", 1, f"KV blocks still held after every request finished: {leaked}"
+            status, code, error = "kv_leak", 1, f"KV or transfers still held after every request finished: {leaked}"
         summary.update(status=status, error=error)
         if error:
             print(f"error: {error}", file=sys.stderr)

@@ -109,6 +109,7 @@ class RequestRow:
     prefill_preemptions: int | None
     kv_recomputed: bool | None  # the decode engine computed prompt tokens beyond the last one
     fault: str | None  # the transport fault a scenario injected into this request's transfer (scenario.fault)
+    aborted: str | None  # which of its requests the harness aborted (scenario.aborts): prefill, decode, prefill+decode
     token_ids: list[int]
     base_token_ids: list[int]
     schema_version: int = SCHEMA_VERSION

@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from harness.records import read_jsonl
 from harness.results import find_runs, load_requests, load_runs
 from harness.schema import SCHEMA_VERSION
 
@@ -43,16 +44,15 @@ def test_every_committed_run_directory_loads():
     assert not runs["reconstructed"][runs["schema_version"] > 1].any()
     assert set(runs["schema_version"]) <= set(range(1, SCHEMA_VERSION + 1))
     # the check runs kept only their summaries; every benchmark run kept its requests
-    with_requests = {str(d) for d in run_dirs() if (d / "requests.jsonl").exists()}
+    with_requests = {str(d) for d in run_dirs() if read_jsonl(d / "requests.jsonl")}
     assert {str(d) for d in run_dirs() if "/check-" not in str(d)} == with_requests
 
 
 @pytest.mark.parametrize("run", run_dirs(), ids=lambda p: str(p.relative_to(ROOT / "results")))
 def test_requests_load_with_their_key_columns(run):
-    lines = [x for x in (run / "requests.jsonl").read_text().splitlines() if x.strip()] \
-        if (run / "requests.jsonl").exists() else []
+    lines = read_jsonl(run / "requests.jsonl")  # or requests.jsonl.gz
     df = load_requests(run)
-    if (run / "baseline.jsonl").exists() and "path" in df:  # runner=serve: both paths' rows
+    if read_jsonl(run / "baseline.jsonl") and "path" in df:  # runner=serve: both paths' rows
         return check_serve_rows(run, df, lines)
     assert len(df) == len(lines)
     if not lines:
@@ -70,7 +70,7 @@ def test_requests_load_with_their_key_columns(run):
 
 
 def check_serve_rows(run: Path, df: pd.DataFrame, lines: list[str]) -> None:
-    base_lines = [x for x in (run / "baseline.jsonl").read_text().splitlines() if x.strip()]
+    base_lines = read_jsonl(run / "baseline.jsonl")
     assert len(df) == len(lines) + len(base_lines) and set(df["path"]) <= {"disagg", "baseline", "baseline_repeat"}
     ok = df[df["status"] == "ok"]
     assert not ok[["strategy", "prompt_len", "ttft_ms", "e2e_ms", "tpot_ms", "strategy.name", "request_rate"]]\

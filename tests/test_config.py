@@ -212,7 +212,8 @@ def test_our_connectors_get_harness_strategy_and_transport_sections(tmp_path):
     assert extra["transport"] == {"kind": "gloo", "staging_mb": None}
     assert extra["harness"] == {"rendezvous": str(tmp_path / "port"), "host": "127.0.0.1",
                                 "stats_path": str(tmp_path / "decode.jsonl"), "verify": True, "corrupt": True,
-                                "checksums": False, "timeout_s": 7.0, "decode_submit": "early", "fault": None}
+                                "checksums": False, "timeout_s": 7.0, "startup_timeout_s": 600.0,
+                                "decode_submit": "early", "fault": None}
     staged = transfer_config(compose_job(["transport.staging_mb=64", "check.digests=false"]), "prefill",
                              tmp_path / "p", tmp_path / "s")["kv_connector_extra_config"]
     assert staged["transport"] == {"kind": "staged", "staging_mb": 64} and staged["harness"]["verify"] is False

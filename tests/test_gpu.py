@@ -1,6 +1,7 @@
 """On a GPU machine (`bash scripts/gpu_run.sh check` runs this module there): the strategies on
 CUDA with the trained default model, outputs and digests against the colocated baseline, on one
-GPU, across two GPUs where there are two, and with CUDA graphs on (how users deploy vLLM)."""
+GPU, across two GPUs where there are two, and with CUDA graphs on (how users deploy vLLM); and
+issue 14's scenarios that touch the CUDA path (pressure, aborts, dropped and truncated KV)."""
 
 import pytest
 
@@ -39,3 +40,33 @@ def test_outputs_and_digests_match_the_baseline_on_cuda(case, results_dir):
     graphs = {"NONE"} if "eager" in case else ({"PIECEWISE"} if piecewise else {"FULL_AND_PIECEWISE"})
     assert {s["cudagraph_mode"][engine] for engine in ("prefill", "decode")} == graphs, s["cudagraph_mode"]
     assert abs(sum(s["overhead_parts_mean_ms"].values()) - s["overhead_mean_ms"]) < 1e-6
+
+
+# Issue 14's scenarios that touch the CUDA path: pressure, and transfers dropped or truncated
+SCENARIOS = {
+    "decode_preemption-fused": ["scenario=decode_preemption", "strategy=fused"],
+    "decode_preemption-layerwise": ["scenario=decode_preemption", "strategy=layerwise"],
+    "prefill_reuse-fused": ["scenario=prefill_reuse", "strategy=fused"],
+    "fault_drop-fused": ["scenario=fault_drop", "strategy=fused"],
+    "fault_truncate-per_request_blocks": ["scenario=fault_truncate", "strategy=per_request_blocks"],
+    "aborts-fused": ["scenario=aborts", "strategy=fused"],
+}
+
+
+@pytest.mark.parametrize("case", list(SCENARIOS))
+def test_scenarios_on_cuda(case, results_dir):
+    from tests.test_scenarios_cpu import check_faults_caught, check_passed
+
+    run = run_harness(results_dir / f"gpu-scenario-{case}", "experiment=gpu_check", *SCENARIOS[case], device="cuda")
+    if case.startswith("fault_"):
+        check_faults_caught(run, case.split("-")[0].removeprefix("fault_"), requests=6)
+        return
+    if case.startswith("aborts"):
+        assert run.code == 0, run.stderr[-3000:]
+        s = run.summary
+        assert s["status"] == "ok" and s["aborted"] >= 2 and s["kv_blocks_in_use"] == {"prefill": 0, "decode": 0}
+        assert not any(any(h.values()) for h in s["transfer_held"].values())
+        return
+    s = check_passed(run, requests=6)
+    if case.startswith("decode_preemption"):
+        assert s["decode_preemptions"] >= 1 and s["timings"]["disagg_s"] < 60

@@ -50,12 +50,14 @@ def test_readme_documents_every_field_of_every_row_and_no_other():
 
 
 def test_readme_documents_every_summary_key_and_no_other():
-    rows = [_request_row(match=True), _request_row(match=False), _request_row(fault="drop", error="no KV")]
+    rows = [_request_row(match=True), _request_row(match=False), _request_row(fault="drop", error="no KV"),
+            _request_row(aborted="decode", match=False)]
     summary = run_summary(rows, status="mismatch", error=None, run_id="r", strategy="fused", model="m",
                           workload="w", device="cpu", copy_ceiling_gbps=5.0, timings={}, engine_pids={},
                           cudagraph_modes={}, decode_submit="early", kv_blocks_in_use={"prefill": 0, "decode": 0},
-                          baseline_self_mismatches=0, baseline_self_match_rate=1.0)
-    assert summary["schema_version"] == SCHEMA_VERSION and summary["mismatches"] == 2
+                          baseline_self_mismatches=0, baseline_self_match_rate=1.0,
+                          transfer_held={"prefill": {"staging_regions": 0}, "decode": {"transfers": 0, "parked": 0}})
+    assert summary["schema_version"] == SCHEMA_VERSION and summary["mismatches"] == 3
     assert expand(documented("summary.json")) == set(summary) | {"recomputed", "diagnosis"}
 
 

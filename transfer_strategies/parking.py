@@ -63,6 +63,9 @@ class ParkedRequests:
         self._unscheduled |= done
         return done
 
+    def count(self) -> int:
+        return len(self._parked)
+
     def fail_blocks(self, block_ids) -> None:
         """Blocks a load left wrong (a transfer caught broken): reported with the next load errors."""
         self._failed_blocks.update(block_ids)

@@ -60,7 +60,8 @@ class TransferWorker:
         # rendezvous: a list on a decode worker fed by several prefill workers (serving mode)
         self.channel = open_channel("sender" if self.is_producer else "receiver", self.kv.device, self.transport,
                                     h["rendezvous"], h.get("host", "127.0.0.1"), self.timeout_s,
-                                    on_open=lambda channel: self._exchange_layout(channel, layout))
+                                    on_open=lambda channel: self._exchange_layout(channel, layout),
+                                    open_timeout_s=h.get("startup_timeout_s"))
 
     def _exchange_layout(self, channel, mine: dict) -> None:
         """Both engines must agree on layers, per-block shape, dtype and block size (not on
@@ -240,6 +241,16 @@ class TransferWorker:
     def _write_receive(self, record: TransferRecord, req_id: str) -> None:
         record.t_decode_scheduled = self._scheduled_at.pop(req_id, None)
         self.records.write(record)
+
+    def held(self) -> dict:
+        """What this worker still holds once every request has ended (all 0 unless something
+        leaked): prefill, staging regions of the receiver's buffer; decode, transfers whose
+        messages wait in its inbox and requests parked for KV."""
+        if self.channel is None:
+            return {}
+        if self.is_producer:
+            return {"staging_regions": self.channel.held()}
+        return {"transfers": self.channel.inbox.held(), "parked": self.parking.count()}
 
     def close(self) -> None:
         if self.channel is not None:

@@ -45,13 +45,24 @@ DEFAULT_STAGING_MB = {"cpu": 256, "cuda": 4096}
 
 
 def open_channel(role: str, device: torch.device, transport_cfg: dict | None, rendezvous: str | list[str],
-                 host: str, timeout_s: float, on_open=None):
+                 host: str, timeout_s: float, on_open=None, open_timeout_s: float | None = None):
     """role: "sender" (prefill worker) or "receiver" (decode worker); transport_cfg: the
     `transport` config ({"kind": "staged"|"gloo", "staging_mb": int|None}); rendezvous: a file
     through which the sender tells the receiver the port it bound, or for a receiver fed by
     several prefill workers one file per worker (a FanIn of channels, opened in that order);
-    every wait is bounded by timeout_s. on_open(channel) runs as each channel opens (the
-    layout handshake). Blocks until the other workers have opened their ends."""
+    every wait is bounded by timeout_s, but opening the channel, which waits for the other
+    engine to start, by open_timeout_s where that is longer. on_open(channel) runs as each
+    channel opens (the layout handshake). Blocks until the other workers have opened their ends."""
+    channel = _open(role, device, transport_cfg, rendezvous, host, max(timeout_s, open_timeout_s or 0.0), on_open)
+    if hasattr(channel, "inbox"):  # from now on, a transfer waits timeout_s
+        channel.inbox.timeout_s = timeout_s
+    else:
+        channel.timeout_s = timeout_s
+    return channel
+
+
+def _open(role: str, device: torch.device, transport_cfg: dict | None, rendezvous: str | list[str],
+          host: str, timeout_s: float, on_open):
     if role not in ("sender", "receiver"):
         raise ValueError(f"a KV channel role is 'sender' or 'receiver', not {role!r}")
     paths = [rendezvous] if isinstance(rendezvous, str) else list(rendezvous)

@@ -46,6 +46,9 @@ class GlooSender:
     def alloc(self, nbytes: int) -> torch.Tensor:
         return torch.empty(nbytes, dtype=torch.uint8)
 
+    def held(self) -> int:  # nothing of the receiver's: payloads leave from our own memory
+        return 0
+
     def owns(self, payload: torch.Tensor) -> bool:  # no send space: payloads are sent from where they are
         return False
 

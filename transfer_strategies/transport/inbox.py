@@ -133,6 +133,11 @@ class Inbox:
             parked.taken = True
             return [parked.message]
 
+    def held(self) -> int:
+        """Transfers with messages still here (0 once every transfer was used or dropped)."""
+        with self._cond:
+            return len(self._transfers)
+
     def release(self, transfer_id: str) -> list[int]:
         """Drop a transfer's messages once they have been used; returns the staging regions they
         held, now free."""

@@ -76,6 +76,11 @@ class StagedSender:
             return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         return self.staging[region:region + nbytes]
 
+    def held(self) -> int:
+        """Regions of the receiver's buffer still taken (allocated, or sent and not yet released)."""
+        with self._cond:
+            return len(self._state)
+
     def owns(self, payload: torch.Tensor) -> bool:
         """Whether the payload lies in this channel's send space (an alloc() region)."""
         offset = payload.data_ptr() - self.staging.data_ptr()
