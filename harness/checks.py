@@ -102,6 +102,10 @@ def check_settings(cfg: DictConfig) -> None:
 
 
 def check_fault(cfg: DictConfig) -> None:
+    aborts = cfg.scenario.get("aborts")
+    if aborts and not (0 < aborts.get("fraction", 0) <= 1 and aborts.get("max_delay_ms", 0) > 0):
+        raise ConfigError(f"scenario.aborts needs a fraction in (0, 1] and a max_delay_ms > 0, got "
+                          f"fraction={aborts.get('fraction')!r} max_delay_ms={aborts.get('max_delay_ms')!r}")
     fault = cfg.scenario.get("fault")
     if not fault:
         return

@@ -68,9 +68,9 @@ def check_serve_inputs(cfg: DictConfig) -> None:
         v = cfg.slo.get(key)
         if v is not None and not v > 0:
             raise LoadError(f"slo.{key} must be > 0 (null: no limit), got {v}")
-    if cfg.scenario.get("fault"):
-        raise LoadError(f"scenario={cfg.scenario.name}: the transport-fault scenarios run with runner=offline, which "
-                        f"judges each faulted request apart; runner=serve does not yet")
+    if cfg.scenario.get("fault") or cfg.scenario.get("aborts"):
+        raise LoadError(f"scenario={cfg.scenario.name}: the fault and abort scenarios run with runner=offline, which "
+                        f"judges each such request apart; runner=serve does not yet (it has serve.cancel_fraction)")
     for side in ("baseline", "prefill", "decode"):
         n = cfg.serve[f"{side}_instances"]
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:

@@ -27,7 +27,8 @@ from pathlib import Path
 #   3: the request's timeline (t_* stamps on one clock, time.monotonic(), in every process of a
 #      machine) and error; request rows gain the timeline, the TTFT decomposition and kv_ms
 #   4: the scheduler sides' compute records (ComputeRecord) and the request rows' fields from them
-#      (decode_computed_tokens, kv_recomputed, preemptions); transfer records carry block_ids
+#      (decode_computed_tokens, kv_recomputed, preemptions); the scenarios' fault and aborted;
+#      transfer records carry block_ids and fault
 SCHEMA_VERSION = 4
 UNVERSIONED = 1  # what a row without schema_version is
 
