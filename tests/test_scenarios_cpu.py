@@ -78,9 +78,11 @@ def check_faults_caught(run, kind: str, requests: int = 4) -> None:
             assert reason in r["error"] and r["kv_recomputed"] and r["match"]
 
 
+@pytest.mark.parametrize("strategy", STRATEGIES)
 @pytest.mark.parametrize("kind", ["drop", "delay"])
-def test_a_transfer_that_never_comes_in_time_is_failed_or_recomputed_at_the_timeout(results_dir, kind):
-    run = run_harness(results_dir / f"scenario-fault_{kind}", f"scenario=fault_{kind}")
+def test_a_transfer_that_never_comes_in_time_is_failed_or_recomputed_at_the_timeout(results_dir, kind, strategy):
+    run = run_harness(results_dir / f"scenario-fault_{kind}-{strategy}", f"scenario=fault_{kind}",
+                      f"strategy={strategy}")
     check_faults_caught(run, kind)
     assert run.summary["timings"]["disagg_s"] < 2 * 5 + 10  # two requests waited the 5 s timeout, no longer
 
