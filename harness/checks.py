@@ -91,6 +91,7 @@ def check_settings(cfg: DictConfig) -> None:
         raise ConfigError(f"run.kv_load_failure_policy must be fail, recompute or null (vLLM's default), "
                           f"got {policy!r}")
     check_fault(cfg)
+    check_parallelism(cfg)
     if not s.module and cfg.check.corrupt:
         raise ConfigError(f"check.corrupt=true damages the KV this project's connectors move; strategy {s.name!r} "
                           f"is vLLM's own {s.connector}, which the harness does not reach into")
@@ -99,6 +100,21 @@ def check_settings(cfg: DictConfig) -> None:
             instead = NOT_STRATEGY_PARAMS[key]
             raise ConfigError(f"strategy.params.{key} is not a strategy parameter: "
                               + (f"use {instead}" if instead else "the harness sets it"))
+
+
+def check_parallelism(cfg: DictConfig) -> None:
+    """This project's connectors move one worker's KV per engine: a prefill or decode engine
+    with several workers (engine.extra or engines.<role>) would open one channel per worker on
+    one rendezvous. vLLM's own connectors take any degree."""
+    if not cfg.strategy.module:
+        return
+    for role in ("prefill", "decode"):
+        args = {**(cfg.engine.get("extra") or {}), **(cfg.get("engines", {}).get(role) or {})}
+        for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            if (args.get(key) or 1) > 1:
+                raise ConfigError(f"{key}={args[key]} on the {role} engine: this project's strategies move one "
+                                  f"worker's KV per engine so far (tensor parallelism is issue 15); use "
+                                  f"{key}=1 or one of vLLM's own connectors (strategy=vllm_nixl)")
 
 
 def check_fault(cfg: DictConfig) -> None:

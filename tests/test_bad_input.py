@@ -123,6 +123,7 @@ def test_vllm_example_with_a_prompt_under_one_block(tmp_path):
     (["scenario=fault_drop", "strategy=vllm_nixl"], ["scenario.fault is injected by this project's connectors"]),
     (["scenario=fault_drop", "runner=serve"], ["fault and abort scenarios run with runner=offline"]),
     (["scenario=aborts", "scenario.aborts.fraction=1.5"], ["scenario.aborts needs a fraction in (0, 1]"]),
+    (["engines.decode={tensor_parallel_size:2}"], ["tensor_parallel_size=2 on the decode engine", "issue 15"]),
 ])
 def test_settings_that_moved_or_do_not_apply(tmp_path, overrides, words):
     assert_bad_input(run_harness(tmp_path / "r", *overrides), *words)
