@@ -122,8 +122,9 @@ def summarize(rows: list[dict]) -> dict:
     out["transfer_errors"] = sum(bool(r.get("error")) for r in rows)
     out.update(recompute_counts(rows))
     out.update(fault_counts(rows))
-    if any(r.get("aborted") and r.get("aborted") == r.get("aborted") for r in rows):
-        out["aborted"] = sum(bool(r.get("aborted")) and r.get("aborted") == r.get("aborted") for r in rows)
+    aborted = sum(given(r.get("aborted")) for r in rows)
+    if aborted:
+        out["aborted"] = aborted
     clean = [r for r in rows if not r.get("fault") and not r.get("aborted")]  # a scenario's, on purpose
     if out["digest_checked"] and not out["digest_failures"] and any(not r.get("match") for r in clean):
         out["diagnosis"] = ("outputs differ although every KV block arrived intact (digests match): the decode "
@@ -140,6 +141,11 @@ def summarize(rows: list[dict]) -> dict:
     out["total_bytes"] = tot_bytes
     out["transfer_gbps"] = tot_bytes / tot_ms / 1e6 if tot_ms > 0 else None
     return out
+
+
+def given(value) -> bool:
+    """A scenario's label in a row (fault, aborted): neither None nor empty nor a loaded NaN."""
+    return bool(value) and value == value
 
 
 def recompute_counts(rows: list[dict]) -> dict:
@@ -160,7 +166,7 @@ def fault_counts(rows: list[dict]) -> dict:
     """Transport faults a scenario injected (rows whose transfer carried one), those the decode
     engine caught (the request failed with a reason, or was recomputed to the right output) and
     those it missed. Empty without faults."""
-    faulted = [r for r in rows if r.get("fault") and r.get("fault") == r.get("fault")]  # not None nor NaN
+    faulted = [r for r in rows if given(r.get("fault"))]
     if not faulted:
         return {}
     caught = sum(bool(r.get("error")) or (r.get("kv_recomputed") is True and bool(r.get("match"))) for r in faulted)
