@@ -92,6 +92,7 @@ def check_settings(cfg: DictConfig) -> None:
                           f"got {policy!r}")
     check_fault(cfg)
     check_parallelism(cfg)
+    check_same_layout(cfg)
     if not s.module and cfg.check.corrupt:
         raise ConfigError(f"check.corrupt=true damages the KV this project's connectors move; strategy {s.name!r} "
                           f"is vLLM's own {s.connector}, which the harness does not reach into")
@@ -103,18 +104,103 @@ def check_settings(cfg: DictConfig) -> None:
 
 
 def check_parallelism(cfg: DictConfig) -> None:
-    """This project's connectors move one worker's KV per engine: a prefill or decode engine
-    with several workers (engine.extra or engines.<role>) would open one channel per worker on
-    one rendezvous. vLLM's own connectors take any degree."""
+    """Tensor parallelism per engine (engine.extra, engines.<role>): this project's connectors
+    move each worker's KV heads to the decode workers that hold them (transfer_strategies/tp.py),
+    for degrees the model's KV heads allow. Pipeline and data parallelism, and tensor
+    parallelism in serving mode or with injected faults, are not supported by them (vLLM's own
+    connectors take any degree)."""
+    from transfer_strategies.tp import degree_problem
+
     if not cfg.strategy.module:
         return
-    for role in ("prefill", "decode"):
+    heads = model_kv_heads(cfg)
+    degrees = {}
+    for role in ("baseline", "prefill", "decode"):
         args = {**(cfg.engine.get("extra") or {}), **(cfg.get("engines", {}).get(role) or {})}
-        for key in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
-            if (args.get(key) or 1) > 1:
-                raise ConfigError(f"{key}={args[key]} on the {role} engine: this project's strategies move one "
-                                  f"worker's KV per engine so far (tensor parallelism is issue 15); use "
-                                  f"{key}=1 or one of vLLM's own connectors (strategy=vllm_nixl)")
+        for key in ("pipeline_parallel_size", "data_parallel_size"):
+            if role != "baseline" and (args.get(key) or 1) > 1:
+                raise ConfigError(f"{key}={args[key]} on the {role} engine: this project's strategies move KV between "
+                                  f"tensor-parallel workers only; use {key}=1 or one of vLLM's own connectors "
+                                  f"(strategy=vllm_nixl)")
+        tp = args.get("tensor_parallel_size") or 1
+        if not isinstance(tp, int) or tp < 1:
+            raise ConfigError(f"tensor_parallel_size on the {role} engine must be an integer >= 1, got {tp!r}")
+        problem = degree_problem(tp, heads) if heads else None
+        if problem:
+            raise ConfigError(f"{role} engine: {problem} (model {cfg.model.name})")
+        degrees[role] = tp
+    if max(degrees["prefill"], degrees["decode"]) > 1:
+        where = ("runner=serve" if cfg.runner.name == "serve"
+                 else "scenario.fault" if cfg.scenario.get("fault") else None)
+        if where:
+            raise ConfigError(f"tensor parallelism (prefill {degrees['prefill']}, decode {degrees['decode']}) with "
+                              f"{where} is not supported yet: use tensor_parallel_size=1 there")
+
+
+# What the prefill and decode engines' KV blocks must share for this project's strategies, which
+# copy whole blocks: the worker's layout handshake would refuse them at start-up anyway.
+SAME_LAYOUT = {"block_size": "engine.block_size", "dtype": "engine.dtype", "kv_cache_dtype": None}
+
+
+def check_same_layout(cfg: DictConfig) -> None:
+    if not cfg.strategy.module:
+        return
+    args = {role: {"block_size": cfg.engine.block_size, "dtype": cfg.engine.dtype, **(cfg.engine.get("extra") or {}),
+                   **(cfg.get("engines", {}).get(role) or {})} for role in ("prefill", "decode")}
+    for key, common in SAME_LAYOUT.items():
+        p, d = args["prefill"].get(key), args["decode"].get(key)
+        if p != d:
+            raise ConfigError(f"{key} differs between the prefill engine ({p}) and the decode engine ({d}): this "
+                              f"project's strategies copy whole KV blocks of one layout; set it once "
+                              f"({common or 'engine.extra'}) for both")
+
+
+def check_placement(cfg: DictConfig) -> None:
+    """transport.address (where the prefill worker listens) and run.netns (where engines run)."""
+    import socket
+    import subprocess
+
+    netns = cfg.run.get("netns") or {}
+    for role in ("prefill", "decode"):
+        name = netns.get(role)
+        if name and not Path(f"/var/run/netns/{name}").exists():
+            raise ConfigError(f"run.netns.{role}={name}: no such network namespace (ip netns add {name}; "
+                              f"ip netns list shows them)")
+    address = cfg.transport.get("address")
+    if not address:
+        if any(netns.get(role) for role in ("prefill", "decode")):
+            raise ConfigError("run.netns puts an engine in a network namespace of its own: give the address its "
+                              "prefill worker listens on, transport.address=HOST:PORT")
+        return
+    host, _, port = str(address).rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"transport.address must be HOST:PORT (the prefill worker listens there), got {address!r}")
+    if not cfg.strategy.module:
+        raise ConfigError(f"transport.address is this project's channel; strategy {cfg.strategy.name!r} is vLLM's own "
+                          f"{cfg.strategy.connector}, which finds its peer its own way")
+    if netns.get("prefill"):  # the address must be one of that namespace's
+        shown = subprocess.run(["ip", "-n", netns["prefill"], "-o", "addr"], capture_output=True, text=True).stdout
+        if f" {host}/" not in shown:
+            raise ConfigError(f"transport.address={address}: {host} is not an address in network namespace "
+                              f"{netns['prefill']}, where the prefill engine runs and listens")
+        return
+    with socket.socket() as s:
+        try:
+            s.bind((host, 0))
+        except OSError as e:
+            raise ConfigError(f"transport.address={address}: the prefill engine cannot listen on {host} here "
+                              f"({e.strerror}); give an address of this machine") from None
+
+
+def model_kv_heads(cfg: DictConfig) -> int | None:
+    """The model's KV heads from its config.json (None where the model is not a local folder)."""
+    import json
+
+    path = Path(str(cfg.model.path)) / "config.json"
+    if not path.is_file():
+        return None
+    hf = json.loads(path.read_text())
+    return hf.get("num_key_value_heads") or hf.get("num_attention_heads")
 
 
 def check_fault(cfg: DictConfig) -> None:
@@ -203,6 +289,7 @@ def checked_inputs(cfg: DictConfig) -> tuple[str, Workload]:
     that can be known before any engine starts has been checked."""
     try:
         check_settings(cfg)
+        check_placement(cfg)  # this machine's addresses and namespaces
         device = resolve_device(cfg)
         load_connector(cfg.strategy)
         check_block_size(cfg.engine.block_size, device)

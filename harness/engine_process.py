@@ -48,16 +48,46 @@ def _kv_blocks_in_use(engine) -> int | None:
         return None
 
 
-def _transfer_held() -> dict | None:
-    """What this engine's connector worker still holds (this project's connectors: the worker
-    runs in this process, the engine core and its one worker being in-process here), else None."""
-    try:
-        from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
+def _worker_held(_worker=None) -> dict | None:
+    """What the connector worker of this process holds (None: not one of this project's)."""
+    from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
 
-        worker = getattr(get_kv_transfer_group(), "worker", None) if has_kv_transfer_group() else None
-        return worker.held() if worker is not None and hasattr(worker, "held") else None
+    worker = getattr(get_kv_transfer_group(), "worker", None) if has_kv_transfer_group() else None
+    return worker.held() if worker is not None and hasattr(worker, "held") else None
+
+
+def _transfer_held(engine) -> dict | None:
+    """What this engine's connector workers still hold, added up over its workers: in this
+    process when the engine has one worker (the engine core and its worker in-process here),
+    else asked of each worker process (tensor parallelism). None where unknown."""
+    try:
+        held = _worker_held()
+        if held is not None:
+            return held
+        per_worker = [h for h in engine.collective_rpc(_worker_held) if h is not None]
+        if not per_worker:
+            return None
+        return {k: sum(h.get(k, 0) for h in per_worker) for k in per_worker[0]}
     except Exception:  # noqa: BLE001 - vLLM's internals differ between versions: then unknown
         return None
+
+
+NETNS_ENV = "HARNESS_NETNS"  # the network namespace an engine process enters before vLLM starts (run.netns)
+
+
+def enter_netns(name: str) -> None:
+    """Move this process into the named Linux network namespace (`ip netns add NAME`), as
+    `ip netns exec` does; threads and processes started afterwards are in it too."""
+    import ctypes
+
+    fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot enter network namespace {name}: {os.strerror(err)}")
+    finally:
+        os.close(fd)
 
 
 def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None:
@@ -68,6 +98,8 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
     os.dup2(log.fileno(), 2)
     os.environ.update(env)
     try:
+        if os.environ.get(NETNS_ENV):
+            enter_netns(os.environ[NETNS_ENV])
         t0 = time.monotonic()
         from vllm import LLM, SamplingParams
         from vllm.config import KVTransferConfig
@@ -97,7 +129,7 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
                     os._exit(0)
                 if cmd == "usage":
                     conn.send(("usage", {"kv_blocks_in_use": _kv_blocks_in_use(engine),
-                                         "transfer_held": _transfer_held()}))
+                                         "transfer_held": _transfer_held(engine)}))
                     continue
                 if cmd == "reset_prefix_cache":  # between passes over the same prompts
                     conn.send(("reset_prefix_cache", {"ok": bool(engine.reset_prefix_cache())}))

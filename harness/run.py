@@ -19,10 +19,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from harness.ceiling import copy_ceiling_gbps
+from harness.ceiling import copy_ceiling_gbps, link_ceiling_gbps
 from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.compare import compare_outputs
-from harness.engine_process import EngineDied, EngineProcess, next_events, wait_ready
+from harness.engine_process import NETNS_ENV, EngineDied, EngineProcess, next_events, wait_ready
 from harness.records import (
     PROJECT_ROOT,
     JsonlWriter,
@@ -37,9 +37,17 @@ from harness.records import (
 from harness.schema import CRITICAL_PATH, OVERHEAD_PARTS, BaselineRow, RequestRow
 from harness.tracking import make_tracker
 from harness.workload import Prompt, Workload, WorkloadError
-from transfer_strategies.records import ComputeRecord, TransferRecord, TransferRecordReader, compute_path
+from transfer_strategies.records import (
+    ComputeRecord,
+    TransferRecord,
+    TransferRecordReader,
+    compute_path,
+    merge_ranks,
+    rank_path,
+)
 from transfer_strategies.scheduler import ASYNC_LOAD
 from transfer_strategies.transport import remove_leftovers
+from transfer_strategies.transport.rendezvous import SCHEME
 
 
 # ---------------------------------------------------------------------- engines
@@ -59,15 +67,33 @@ def engine_args(cfg: DictConfig, device: str, role: str | None = None) -> dict:
     args.update(OmegaConf.to_container(e.extra, resolve=True) if e.extra else {})
     own = cfg.get("engines", {}).get(role) if role else None
     args.update(OmegaConf.to_container(own, resolve=True) if own else {})
+    if (args.get("tensor_parallel_size") or 1) > 1:
+        args.setdefault("distributed_executor_backend", "mp")  # a worker process per rank, on CPU too
     return args
 
 
-def engine_env(cfg: DictConfig, device: str, gpu: int) -> dict:
+def tp_degrees(cfg: DictConfig) -> tuple[int, int]:
+    """The prefill and decode engines' tensor-parallel degrees (engine.extra, engines.<role>)."""
+    return tuple(int(engine_args(cfg, "cpu", role).get("tensor_parallel_size") or 1)  # type: ignore[return-value]
+                 for role in ("prefill", "decode"))
+
+
+def engine_env(cfg: DictConfig, device: str, gpu: int, role: str | None = None) -> dict:
+    """role: baseline, prefill or decode (None: an engine of no role)."""
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in the engine process: one process to stop
            "TOKENIZERS_PARALLELISM": "false", "GLOO_SOCKET_IFNAME": "lo",
            "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
     if Path(str(cfg.model.path)).is_dir():
         env["HF_HUB_OFFLINE"] = "1"
+    if role in ("prefill", "decode"):
+        netns = cfg.run.get("netns", {}).get(role)
+        if netns:
+            env[NETNS_ENV] = netns  # engine_process enters it before vLLM starts
+        ifname = cfg.transport.get("ifname")
+        if ifname or cfg.transport.get("address"):  # gloo (the KV channel's, vLLM's own) on the link between hosts
+            env.pop("GLOO_SOCKET_IFNAME")
+            if ifname:
+                env["GLOO_SOCKET_IFNAME"] = ifname
     if device == "cpu":
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # engines share the cores
         # OpenMP threads otherwise spin for up to 200 ms after each parallel region, starving
@@ -101,7 +127,12 @@ def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path | list[Path],
         return out
     rendezvous = [str(p) for p in rendezvous] if isinstance(rendezvous, list) else str(rendezvous)
     fault = cfg.scenario.get("fault")
-    harness = {"rendezvous": rendezvous, "host": "127.0.0.1", "stats_path": str(stats_path),
+    address = cfg.transport.get("address")
+    if address:  # the prefill worker listens there, the decode worker connects (rendezvous.py)
+        rendezvous = f"{SCHEME}{address}"
+    harness = {"rendezvous": rendezvous, "host": address.rpartition(":")[0] if address else "127.0.0.1",
+               "stats_path": str(stats_path),
+               "tp": dict(zip(("prefill", "decode"), tp_degrees(cfg))),
                "verify": bool(cfg.check.digests), "corrupt": bool(cfg.check.corrupt),
                "checksums": bool(cfg.check.checksums), "timeout_s": float(cfg.run.transfer_timeout_s),
                # the other engine may take this long to start before the channel opens
@@ -112,6 +143,22 @@ def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path | list[Path],
     out.update(kv_connector_module_path=s.module,
                kv_connector_extra_config={"harness": harness, "strategy": params, "transport": transport})
     return out
+
+
+def link_ceiling(cfg: DictConfig) -> float | str | None:
+    """Where the KV crosses a network (transport=gloo with transport.address), that link's own
+    GB/s, measured now between where the two engines run; None elsewhere (copy_ceiling_gbps)."""
+    address = cfg.transport.get("address")
+    if not address or cfg.transport.kind != "gloo":
+        return None
+    return link_ceiling_gbps(address.rpartition(":")[0], dict(cfg.run.get("netns") or {}), cfg.transport.get("ifname"))
+
+
+def channel_files(rendezvous: Path, p: int, d: int) -> list[Path]:
+    """The rendezvous files of a p -> d run's channels (tp.Placement.rendezvous; a superset)."""
+    if p == d == 1:
+        return [rendezvous]
+    return [Path(f"{rendezvous}.p{r}d{q}") for r in range(p) for q in range(d)]
 
 
 def free_port() -> int:
@@ -249,26 +296,43 @@ def warmup_workload(workload: Workload, n: int) -> Workload:
 class TransferStats:
     """The connectors' records, read as they are appended: each file from where the last read
     stopped, only when a record asked for is not in yet. Sides: the workers' transfer records
-    ("send", "receive") and the scheduler sides' compute records ("prefill", "decode") written
-    beside them."""
+    ("send", "receive"), one per worker of the engine (tensor parallelism), merged, and the
+    scheduler sides' compute records ("prefill", "decode") written beside them."""
 
-    def __init__(self, *paths: Path):
-        self.readers = [TransferRecordReader(p) for p in paths]
+    def __init__(self, *paths: Path, tp: tuple[int, int] = (1, 1), expected: bool = False):
+        """paths: the prefill engine's records, then the decode engine's (serving mode: any number
+        of engines of one worker each); tp: the prefill and decode engines' degrees; expected:
+        every transfer has records (this project's connectors), so a missing one is waited for."""
+        self.expected = expected
+        degrees = tp if len(paths) == 2 else (1,) * len(paths)
+        self.workers = {"send": tp[0], "receive": tp[1]}
+        self.readers = [TransferRecordReader(rank_path(p, r)) for p, n in zip(paths, degrees) for r in range(n)]
         self.readers += [TransferRecordReader(compute_path(p), ComputeRecord) for p in paths]
-        self.records: dict[tuple[str, str], TransferRecord | ComputeRecord] = {}
+        self.records: dict[tuple[str, str], list[TransferRecord | ComputeRecord]] = {}
 
-    def has_both(self, transfer_id: str) -> bool:
-        """Whether both sides' records of this transfer are in (reading what was appended)."""
+    def _read(self) -> None:
         for reader in self.readers:
-            self.records.update(((r.transfer_id, r.side), r) for r in reader.read_new())
-        return (transfer_id, "send") in self.records and (transfer_id, "receive") in self.records
+            for r in reader.read_new():
+                self.records.setdefault((r.transfer_id, r.side), []).append(r)
 
-    def take(self, transfer_id: str, side: str) -> TransferRecord | ComputeRecord | None:
-        """The record of one transfer's side (None: the strategy writes none), handed out once."""
-        if (transfer_id, side) not in self.records:
-            for reader in self.readers:
-                self.records.update(((r.transfer_id, r.side), r) for r in reader.read_new())
-        return self.records.pop((transfer_id, side), None)
+    def take(self, transfer_id: str, side: str, wait_s: float = 1.0) -> TransferRecord | ComputeRecord | None:
+        """The record of one transfer's side (None: the strategy writes none), handed out once;
+        a transfer side's records merged over the engine's workers, waiting up to wait_s for the
+        last of them (a decode worker writes the record of a request it had nothing to load for
+        when the message comes, which can be after the request has finished)."""
+        want = self.workers.get(side, 1)
+        deadline = time.monotonic() + wait_s
+        while len(self.records.get((transfer_id, side), ())) < want:
+            self._read()
+            waits = self.expected and side == "receive"  # the one written after its request can finish
+            if (not waits and (transfer_id, side) not in self.records) or time.monotonic() > deadline:
+                break
+            if len(self.records.get((transfer_id, side), ())) < want:
+                time.sleep(0.01)
+        found = self.records.pop((transfer_id, side), None)
+        if not found:
+            return None
+        return merge_ranks(found) if isinstance(found[0], TransferRecord) else found[0]
 
 
 def sampling_params(cfg: DictConfig, max_tokens: int, kv_transfer_params: dict | None = None) -> dict:
@@ -435,8 +499,10 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             "config": OmegaConf.to_container(cfg, resolve=True)}
     write_json(run_dir / "meta.json", meta)
     ceiling = copy_ceiling_gbps(device)  # before the engines start: the machine is quiet
+    link = link_ceiling(cfg)
     rendezvous = run_dir / "kv-channel.port"  # the prefill worker writes the port it bound
-    rendezvous.unlink(missing_ok=True)
+    for path in channel_files(rendezvous, *tp_degrees(cfg)):
+        path.unlink(missing_ok=True)
     stats_paths = (run_dir / "prefill-transfers.jsonl", run_dir / "decode-transfers.jsonl")
     tag = uuid.uuid4().hex[:6]
     specs = {
@@ -459,7 +525,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
 
     def start(name: str) -> EngineProcess:
         a, gpu = specs[name]
-        env = engine_env(cfg, device, gpu)
+        env = engine_env(cfg, device, gpu, name)
         if name != "baseline" and pulls(cfg.strategy):
             # vLLM's NIXL connector listens on a side channel per engine for the handshake
             env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
@@ -511,7 +577,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             wait_ready([start("prefill"), start("decode")], cfg.run.startup_timeout_s)
             timings["startup_s"] += time.monotonic() - t0
 
-        stats = TransferStats(*stats_paths)
+        stats = TransferStats(*stats_paths, tp=tp_degrees(cfg), expected=bool(cfg.strategy.module))
         tid = lambda p: f"{tag}-{p.index}"  # noqa: E731
 
         def on_disagg(p: Prompt, t0: float, results: list[dict]) -> None:
@@ -547,7 +613,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         for e in engines.values():
             e.stop(grace_s=10 if status == "ok" else 1)
         timings["shutdown_s"] = time.monotonic() - t0
-        remove_leftovers(rendezvous)  # engines killed while opening the KV channel leave its buffer behind
+        # engines killed while opening the KV channel leave its buffer behind
+        remove_leftovers(channel_files(rendezvous, *tp_degrees(cfg)))
         base_out.close()
         req_out.close()
 
@@ -558,6 +625,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                           timings=timings, engine_pids={n: e.proc.pid for n, e in engines.items()},
                           cudagraph_modes={n: e.cudagraph_mode for n, e in engines.items()},
                           decode_submit=submit_mode, kv_blocks_in_use=kv_in_use, transfer_held=transfer_held,
+                          **({"link_ceiling_gbps": link} if link is not None else {}),
                           baseline_self_mismatches=self_match.count(False) if self_match else None,
                           baseline_self_match_rate=self_match.count(True) / len(self_match) if self_match else None)
     if status == "ok":

@@ -123,7 +123,15 @@ def test_vllm_example_with_a_prompt_under_one_block(tmp_path):
     (["scenario=fault_drop", "strategy=vllm_nixl"], ["scenario.fault is injected by this project's connectors"]),
     (["scenario=fault_drop", "runner=serve"], ["fault and abort scenarios run with runner=offline"]),
     (["scenario=aborts", "scenario.aborts.fraction=1.5"], ["scenario.aborts needs a fraction in (0, 1]"]),
-    (["engines.decode={tensor_parallel_size:2}"], ["tensor_parallel_size=2 on the decode engine", "issue 15"]),
+    (["engines.decode={tensor_parallel_size:3}"], ["decode engine", "tensor_parallel_size=3 does not divide the "
+                                                   "model's 2 KV heads"]),
+    (["engines.prefill={pipeline_parallel_size:2}"], ["pipeline_parallel_size=2 on the prefill engine"]),
+    (["engines.prefill={tensor_parallel_size:2}", "runner=serve"], ["tensor parallelism (prefill 2, decode 1)",
+                                                                     "runner=serve"]),
+    (["engines.decode={tensor_parallel_size:2}", "scenario=fault_truncate"], ["scenario.fault"]),
+    (["engines.decode={block_size:64}"], ["block_size differs between the prefill engine (32) and the decode engine "
+                                          "(64)", "engine.block_size"]),
+    (["engines.prefill={dtype:bfloat16}"], ["dtype differs"]),
 ])
 def test_settings_that_moved_or_do_not_apply(tmp_path, overrides, words):
     assert_bad_input(run_harness(tmp_path / "r", *overrides), *words)

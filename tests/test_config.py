@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from harness.checks import ConfigError, check_settings
+from harness.checks import ConfigError, check_parallelism, check_settings
 from harness.run import transfer_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,6 +159,7 @@ def test_every_readme_command_composes_and_passes_the_checks(overrides):
         cfg = compose_job(job)
         assert not missing(cfg), "a command in the README must be complete"
         check_settings(cfg)
+        check_parallelism(cfg)
 
 
 @pytest.mark.parametrize("where,overrides", YAML_OVERRIDES, ids=[w for w, _ in YAML_OVERRIDES])
@@ -209,14 +210,15 @@ def test_our_connectors_get_harness_strategy_and_transport_sections(tmp_path):
     assert kv["kv_role"] == "kv_consumer" and kv["kv_connector_module_path"] == "transfer_strategies.per_request_blocks"
     extra = kv["kv_connector_extra_config"]
     assert extra["strategy"] == {"granularity": "block"}
-    assert extra["transport"] == {"kind": "gloo", "staging_mb": None}
+    assert extra["transport"] == {"kind": "gloo", "staging_mb": None, "address": None, "ifname": None}
     assert extra["harness"] == {"rendezvous": str(tmp_path / "port"), "host": "127.0.0.1",
                                 "stats_path": str(tmp_path / "decode.jsonl"), "verify": True, "corrupt": True,
                                 "checksums": False, "timeout_s": 7.0, "startup_timeout_s": 600.0,
-                                "decode_submit": "early", "fault": None}
+                                "decode_submit": "early", "fault": None, "tp": {"prefill": 1, "decode": 1}}
     staged = transfer_config(compose_job(["transport.staging_mb=64", "check.digests=false"]), "prefill",
                              tmp_path / "p", tmp_path / "s")["kv_connector_extra_config"]
-    assert staged["transport"] == {"kind": "staged", "staging_mb": 64} and staged["harness"]["verify"] is False
+    assert staged["transport"] == {"kind": "staged", "staging_mb": 64, "address": None, "ifname": None}
+    assert staged["harness"]["verify"] is False
 
 
 def test_a_fault_scenario_reaches_the_prefill_worker_and_vllms_failure_policy_both(tmp_path):
@@ -258,7 +260,7 @@ def test_a_vllm_connector_may_take_any_param_name():
 
 def test_transport_and_check_defaults():
     cfg = compose_job([])
-    assert cfg.transport == {"kind": "staged", "staging_mb": None}
+    assert cfg.transport == {"kind": "staged", "staging_mb": None, "address": None, "ifname": None}
     assert cfg.check == {"digests": True, "corrupt": False, "checksums": False}
     assert compose_job(["transport=gloo"]).transport.kind == "gloo"
 

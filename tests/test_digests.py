@@ -4,8 +4,13 @@ import pytest
 import torch
 
 from tests.test_kv_blocks import NUM_BLOCKS, make_kv
-from transfer_strategies.digests import BlockDigests
+from transfer_strategies.digests import BlockDigests as HeadDigests
 from transfer_strategies.kv_blocks import KVBlocks
+
+
+def BlockDigests(kv: KVBlocks, **kw):  # noqa: N802 - these caches have no head axis: one digest per block
+    digests = HeadDigests(kv, **kw)
+    return lambda ids: digests(ids)["all"]
 
 
 def strided(kv: KVBlocks) -> KVBlocks:
@@ -95,6 +100,12 @@ for block_dim in (0, 1):
             assert BlockDigests(kv, kernel=True)(ids) == BlockDigests(kv, kernel=False)(ids), (block_dim, dtype, ids)
         wide = KVBlocks({"l": (torch.randn(6, 2, 2100) * 1e6).to(dtype)}, 6)  # more words than a chunk
         assert BlockDigests(wide, kernel=True)([5, 0, 1]) == BlockDigests(wide, kernel=False)([5, 0, 1])
+        # per head: heads before tokens (CPU, HND) and after (NHD), a head's row longer than a chunk
+        for shape, heads in (((9, 3, 5, 8), 3), ((2, 9, 5, 3, 8), 3), ((9, 2, 3, 5000), 2)):
+            kv = KVBlocks({f"l{i}": (torch.randn(*shape) * 1e6).to(dtype) for i in range(2)}, 9, n_heads=heads)
+            assert kv.head_dim is not None
+            for ids in ([3, 4, 5, 8, 0], [7]):
+                assert BlockDigests(kv, kernel=True)(ids) == BlockDigests(kv, kernel=False)(ids), (shape, dtype, ids)
 print("same digests")
 """
 

@@ -52,6 +52,7 @@ from transfer_strategies.faults import TransferFault
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.records import TransferRecordWriter, compute_path
 from transfer_strategies.scheduler import RequestTracker, TransferMetadata, TransferRequest
+from transfer_strategies.tp import Placement
 from transfer_strategies.transport import Message
 from transfer_strategies.worker import TransferWorker
 
@@ -162,7 +163,22 @@ class TransferConnector(KVConnectorBase_V1):
 
     # ------------------------------------------------------------ vLLM: worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
-        self.worker.register(kv_caches, self._kv_cache_config.num_blocks, self.block_size)
+        self.worker.register(kv_caches, self._kv_cache_config.num_blocks, self.block_size, self._placement())
+
+    def _placement(self) -> Placement:
+        """This worker's rank and both engines' TP degrees (the other engine's from the harness,
+        harness.tp; the same as this one's without it), and the model's KV heads."""
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+        tp = get_tensor_model_parallel_world_size()
+        degrees = dict(self.worker.harness.get("tp") or {})
+        side = "prefill" if self.is_producer else "decode"
+        if degrees.get(side, tp) != tp:
+            raise RuntimeError(f"the harness says the {side} engine has tensor_parallel_size={degrees[side]}, "
+                               f"this engine has {tp}")
+        p, d = degrees.get("prefill", tp), degrees.get("decode", tp)
+        model = self._vllm_config.model_config
+        return Placement(get_tensor_model_parallel_rank(), p, d, model.get_total_num_kv_heads(), self.is_producer)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)

@@ -1,9 +1,11 @@
-"""Per-block digests: how both engines check, bit for bit, that a request's KV arrived.
+"""Per-block, per-head digests: how both engines check, bit for bit, that a request's KV arrived.
 
-Each side computes one 64-bit checksum per block straight from its own KV cache (never through
-a strategy's copy code), over that block's bytes in every layer: the bytes read as signed
-32-bit words, each times an odd weight below 2^31 that depends on its position and its piece of
-KV, in int64 (no product wraps), summed modulo 2^64. Any changed bit, and any two blocks or
+Each side computes one 64-bit checksum per block and KV head straight from its own KV cache
+(never through a strategy's copy code), over that head's bytes of the block in every layer: the
+bytes read as signed 32-bit words, each times an odd weight below 2^31 that depends on its
+position within the head's share of the block and its piece of KV, in int64 (no product wraps),
+summed modulo 2^64. A head's digest does not depend on which worker holds it, so engines of
+different tensor-parallel degrees compare digests head by head. Any changed bit, and any two blocks or
 words swapped, changes the sum. The products must not wrap at 32 bits: there a change of a
 word's top bit (a float's sign) adds +-2^31 whatever its weight, so a block's signs flipped
 could cancel out: 58 of 400 random test blocks of 12 words a layer kept their digest (the
@@ -22,47 +24,66 @@ from transfer_strategies.kv_blocks import KVBlocks, few_runs, packed_runs
 
 
 class BlockDigests:
-    def __init__(self, kv: KVBlocks, kernel: bool | None = None):
-        """kernel: use digest_kernel.py (default: on CUDA, when the pieces are contiguous)."""
+    def __init__(self, kv: KVBlocks, heads: Sequence[int] | None = None, kernel: bool | None = None):
+        """heads: the global ids of the KV heads this worker holds (default 0..n-1); kernel: use
+        digest_kernel.py (default: on CUDA, when the pieces are contiguous)."""
         self.kv = kv
+        # one digest per (block, KV head), each head named by its global id, so that engines of
+        # any tensor-parallel degrees compare the same units; "all" where heads cannot be told apart
+        if kv.head_dim is None:
+            self.keys = ["all"]
+        else:
+            self.keys = [str(h) for h in (range(kv.n_heads) if heads is None else heads)]
+            if len(self.keys) != kv.n_heads:
+                raise ValueError(f"{len(self.keys)} head ids for {kv.n_heads} heads")
         self._weights: dict[tuple[int, int], torch.Tensor] = {}
         self.kernel = None
         if kernel or (kernel is None and kv.device.type == "cuda" and kv.contiguous):
             from transfer_strategies.digest_kernel import DigestKernel
             try:
-                self.kernel = DigestKernel(kv.pieces(range(kv.n_layers)))
+                self.kernel = DigestKernel(kv.pieces(range(kv.n_layers)), kv.head_dim_in_piece())
             except ValueError:
                 if kernel:
                     raise
 
-    def __call__(self, block_ids: Sequence[int]) -> list[str]:
+    def __call__(self, block_ids: Sequence[int]) -> dict[str, list[str]]:
+        """{head: [digest of each block, in order]}."""
         if not block_ids:
-            return []
-        total = torch.zeros(len(block_ids), dtype=torch.int64, device=self.kv.device)
+            return {k: [] for k in self.keys}
+        total = torch.zeros(len(block_ids), len(self.keys), dtype=torch.int64, device=self.kv.device)
         if self.kernel is not None:
             ids = torch.tensor(list(block_ids), dtype=torch.int64, device=self.kv.device)
             self.kernel.add_to(total, ids)
             return self._hex(total)
         for k, words in enumerate(self._block_words(block_ids)):
-            for at, w in words:  # at: where these blocks sit in block_ids; w: [blocks, words] int32
-                h = torch.mul(w, self._weights_for(w.shape[1], k)).sum(dim=1, dtype=torch.int64)
+            for at, w in words:  # at: where these blocks sit in block_ids; w: [blocks, heads, words] int32
+                h = torch.mul(w, self._weights_for(w.shape[2], k)).sum(dim=2, dtype=torch.int64)
                 total[at:at + w.shape[0]] += h
         return self._hex(total)
 
-    @staticmethod
-    def _hex(total: torch.Tensor) -> list[str]:
-        return [format(int(x) & (2**64 - 1), "016x") for x in total.cpu().tolist()]
+    def _hex(self, total: torch.Tensor) -> dict[str, list[str]]:
+        cols = total.t().cpu().tolist()
+        return {key: [format(int(x) & (2**64 - 1), "016x") for x in col] for key, col in zip(self.keys, cols)}
+
+    def _per_head(self, blocks: torch.Tensor, head_axis: int | None) -> torch.Tensor:
+        """[n, ...] blocks as [n, heads, int32 words of one head], a head's words in their order."""
+        n = blocks.shape[0]
+        if head_axis is None:
+            return blocks.reshape(n, 1, -1).view(torch.int32)
+        return blocks.movedim(head_axis, 1).reshape(n, self.kv.n_heads, -1).view(torch.int32)
 
     def _block_words(self, block_ids: Sequence[int]) -> Iterator[list[tuple[int, torch.Tensor]]]:
         """Per piece of KV (a layer, or a layer's K or V), the requested blocks as int32 words,
-        [blocks, words per block]: views of the cache, run by run, where pieces are contiguous;
-        else gathered one layer at a time."""
+        [blocks, heads, words per head]: views of the cache, run by run, where pieces are
+        contiguous (copied where the head axis is not the first after the block's); else
+        gathered one layer at a time."""
         kv = self.kv
+        head = kv.head_dim_in_piece()
         if kv.contiguous:
             runs = packed_runs(block_ids)
             if few_runs(len(runs), len(block_ids)):
                 for p in kv.pieces(range(kv.n_layers)):
-                    yield [(at, p.narrow(0, first, n).reshape(n, -1).view(torch.int32)) for at, first, n in runs]
+                    yield [(at, self._per_head(p.narrow(0, first, n), head)) for at, first, n in runs]
                 return
             # Scattered blocks (a cache that has been used a while): one indexed gather per piece.
             # Per-run views would cost a few launches per run and piece: 0.7-0.9 s for a 16k-token
@@ -70,12 +91,12 @@ class BlockDigests:
             # one run (results/gpu/session5)
             idx = torch.tensor(list(block_ids), dtype=torch.int64, device=kv.device)
             for p in kv.pieces(range(kv.n_layers)):
-                yield [(0, p.index_select(0, idx).reshape(len(block_ids), -1).view(torch.int32))]
+                yield [(0, self._per_head(p.index_select(0, idx), head))]
             return
         for layer in range(kv.n_layers):
             out = torch.empty(1, *kv.layer_shape(len(block_ids)), dtype=kv.dtype, device=kv.device)
-            blocks = kv.gather(block_ids, out, [layer])[0].movedim(kv.block_dim, 0).contiguous()
-            yield [(0, blocks.view(len(block_ids), -1).view(torch.int32))]
+            blocks = kv.gather(block_ids, out, [layer])[0].movedim(kv.block_dim, 0)
+            yield [(0, self._per_head(blocks, kv.head_dim))]  # the block axis moved first: the head's stays
 
     def _weights_for(self, n: int, piece: int) -> torch.Tensor:
         key = (n, piece)

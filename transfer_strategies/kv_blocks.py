@@ -65,7 +65,9 @@ def few_runs(n_runs: int, n_blocks: int) -> bool:
 class KVBlocks:
     """One engine's KV cache (one tensor per layer) as blocks."""
 
-    def __init__(self, kv_caches: dict[str, torch.Tensor], num_blocks: int):
+    def __init__(self, kv_caches: dict[str, torch.Tensor], num_blocks: int, n_heads: int | None = None):
+        """n_heads: the KV heads this worker holds (its tensor-parallel share), to find the head
+        axis; None: blocks are not split by head (digests then cover a block's every head)."""
         for name, t in kv_caches.items():
             if not isinstance(t, torch.Tensor):
                 raise NotImplementedError(f"KV cache of layer {name} is a {type(t).__name__}: "
@@ -84,6 +86,13 @@ class KVBlocks:
         lead = list(itertools.product(*(range(n) for n in first.shape[:self.block_dim])))
         self._pieces = [[t[i] for i in lead] for t in self.layers]  # per layer: [blocks, *rest] each
         self.contiguous = all(p.is_contiguous() for ps in self._pieces for p in ps)
+        # The head axis: after the block axis, before the last (head size), sized n_heads. Where
+        # two axes qualify (as many heads as tokens in a block) the first is taken: heads before
+        # tokens, as the CPU backend and the HND layout hold them; `head_dim_certain` says so.
+        candidates = [d for d in range(self.block_dim + 1, first.dim() - 1) if first.shape[d] == n_heads]
+        self.head_dim = candidates[0] if candidates else None
+        self.head_dim_certain = len(candidates) == 1
+        self.n_heads = n_heads if candidates else 1
 
     # ---------------------------------------------------------------- shapes
     @property
@@ -109,7 +118,26 @@ class KVBlocks:
     def layout(self) -> dict:
         """What two engines must agree on to exchange blocks (not num_blocks)."""
         return {"layers": self.n_layers, "block_shape": self.layer_shape(-1), "block_dim": self.block_dim,
-                "dtype": str(self.dtype)}
+                "head_dim": self.head_dim, "dtype": str(self.dtype)}
+
+    def head_dim_in_piece(self) -> int | None:
+        """The head axis of a piece ([blocks, ...], see `pieces`)."""
+        return None if self.head_dim is None else self.head_dim - self.block_dim
+
+    def head_inner(self) -> int:
+        """Elements of one head in one row: the axes after the head axis."""
+        return math.prod(self.layers[0].shape[self.head_dim + 1:]) if self.head_dim is not None else 1
+
+    def per_head(self, data: torch.Tensor) -> torch.Tensor:
+        """Blocks in the KV dtype (any number of layers and blocks, this engine's layout) as
+        [rows, heads, elements of one head in a row]: a head's share of them is a slice of axis 1."""
+        if self.head_dim is None:
+            return data.reshape(-1, 1, 1)
+        return data.reshape(-1, self.n_heads, self.head_inner())
+
+    def typed(self, data: torch.Tensor) -> torch.Tensor:
+        """Flat bytes (or a tensor of the KV dtype) as a flat tensor of the KV dtype."""
+        return data.view(-1).view(torch.uint8).view(self.dtype) if data.dtype != self.dtype else data.view(-1)
 
     def view(self, data: torch.Tensor, n_layers: int) -> torch.Tensor:
         """Bytes (or a tensor of the KV dtype) viewed as [n_layers, *layer_shape(n)], n from the size."""

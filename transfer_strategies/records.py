@@ -29,7 +29,10 @@ from pathlib import Path
 #   4: the scheduler sides' compute records (ComputeRecord) and the request rows' fields from them
 #      (decode_computed_tokens, kv_recomputed, preemptions); the scenarios' fault and aborted;
 #      transfer records carry block_ids and fault
-SCHEMA_VERSION = 4
+#   5: tensor parallelism: a transfer record per worker (rank; ranks above 0 in files of their own,
+#      rank_path), digests per KV head ({global head: [one per block]}; "all" where heads cannot
+#      be told apart), merged per transfer by `merge_ranks`
+SCHEMA_VERSION = 5
 UNVERSIONED = 1  # what a row without schema_version is
 
 
@@ -67,7 +70,7 @@ class TransferRecord(JsonRecord):
     notify_ms: float | None = None
     load_ms: float | None = None
     ready_ms: float | None = None
-    digests: list[str] | None = None
+    digests: dict[str, list[str]] | None = None  # {global KV head: [digest of each block]} (version 4: a list)
     digest_ms: float | None = None
     # the timeline, time.monotonic() seconds (None where this side does not see it)
     t_admitted: float | None = None  # this engine's scheduler allocated the request's blocks
@@ -80,7 +83,42 @@ class TransferRecord(JsonRecord):
     t_decode_scheduled: float | None = None  # receive: vLLM scheduled the step computing the first token
     error: str | None = None  # receive: why the KV was not loaded (the request failed or recomputed)
     fault: str | None = None  # send: the transport fault a scenario injected into this transfer
+    rank: int | None = 0  # the worker's tensor-parallel rank (None: merged over every rank, merge_ranks)
     schema_version: int = SCHEMA_VERSION
+
+
+# How merge_ranks combines the workers' fields: the side's last worker decides when it is done
+# and the first when it started; bytes and messages add up; the rest is the same on every rank.
+_LATEST = ("send_ms", "gpu_ms", "transfer_ms", "notify_ms", "load_ms", "ready_ms", "digest_ms", "t_forward_done",
+           "t_sent", "t_arrived", "t_kv_ready", "t_kv_checked", "t_decode_scheduled")
+_EARLIEST = ("t_admitted", "t_load_start")
+CONFLICT = "ranks disagree"
+
+
+def merge_ranks(records: list[TransferRecord]) -> TransferRecord:
+    """One side of one transfer as the engine saw it, from its workers' records (one per rank):
+    the digests of every head any of them holds (a head two workers hold with different bytes
+    gets CONFLICT, which matches nothing), the first error."""
+    if len(records) == 1:
+        return records[0]
+    records = sorted(records, key=lambda r: r.rank or 0)
+    out = dataclasses.replace(records[0], rank=None)
+    for name in _LATEST + _EARLIEST:
+        values = [getattr(r, name) for r in records if getattr(r, name) is not None]
+        setattr(out, name, (max if name in _LATEST else min)(values) if values else None)
+    out.bytes = sum(r.bytes for r in records)
+    out.messages = sum(r.messages for r in records)
+    out.kv_cache_bytes = sum(r.kv_cache_bytes for r in records)
+    out.error = next((r.error for r in records if r.error), None)
+    if any(r.digests is None for r in records):
+        out.digests = None
+    else:
+        digests: dict[str, list[str]] = {}
+        for r in records:
+            for head, values in r.digests.items():
+                digests[head] = values if digests.get(head, values) == values else [CONFLICT]
+        out.digests = dict(sorted(digests.items(), key=lambda kv: (len(kv[0]), kv[0])))
+    return out
 
 
 @dataclass
@@ -115,6 +153,14 @@ def compute_path(stats_path: str | Path) -> Path:
     be different processes."""
     p = Path(stats_path)
     return p.with_name(p.stem + ".compute" + p.suffix)
+
+
+def rank_path(stats_path: str | Path, rank: int) -> Path:
+    """Where worker `rank` of an engine writes its transfer records: rank 0 in stats_path, the
+    others beside it (prefill-transfers.jsonl -> prefill-transfers.rank1.jsonl), one file per
+    process."""
+    p = Path(stats_path)
+    return p if rank == 0 else p.with_name(f"{p.stem}.rank{rank}{p.suffix}")
 
 
 class TransferRecordWriter:

@@ -21,11 +21,13 @@ import torch
 from transfer_strategies.clock import SendClock
 from transfer_strategies.digests import BlockDigests
 from transfer_strategies.faults import WITHHELD, FaultInjector, TransferFault, check_message, header
+from transfer_strategies.head_shards import open_sharded
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.negative_control import corrupt_received
 from transfer_strategies.parking import ParkedRequests
-from transfer_strategies.records import TransferRecord, TransferRecordWriter
+from transfer_strategies.records import TransferRecord, TransferRecordWriter, rank_path
 from transfer_strategies.scheduler import TransferRequest
+from transfer_strategies.tp import Placement, Share
 from transfer_strategies.transport import Message, open_channel
 
 LAYOUT_ID = "__layout__"
@@ -41,9 +43,9 @@ class TransferWorker:
         self.transport = transport
         self.verify = bool(harness.get("verify", True))
         self.corrupt = bool(harness.get("corrupt", False))
-        path = harness.get("stats_path")
-        self.records = TransferRecordWriter(path) if path else None
+        self.records: TransferRecordWriter | None = None  # opened in register, when this worker's rank is known
         self.kv: KVBlocks | None = None
+        self.place: Placement | None = None
         self.channel = None
         self.timeout_s = float(harness.get("timeout_s", 300))
         self.checksums = bool(harness.get("checksums", False))  # each message's payload checksum in its header
@@ -52,25 +54,52 @@ class TransferWorker:
         self._scheduled_at: dict[str, float] = {}  # req id -> when its first decode step was scheduled
         self._unwritten: dict[str, TransferRecord] = {}  # receive records waiting for that stamp
 
-    def register(self, kv_caches: dict[str, torch.Tensor], num_blocks: int, block_size: int) -> None:
-        self.kv = KVBlocks(kv_caches, num_blocks)
-        self.digests = BlockDigests(self.kv)
+    def register(self, kv_caches: dict[str, torch.Tensor], num_blocks: int, block_size: int,
+                 place: Placement | None = None) -> None:
+        """place: this worker's rank and both engines' tensor-parallel degrees (None: one worker
+        each side, every head here)."""
+        self.place = place
+        rank = 0 if place is None else place.rank
+        if self.harness.get("stats_path"):
+            self.records = TransferRecordWriter(rank_path(self.harness["stats_path"], rank))
+        self.kv = KVBlocks(kv_caches, num_blocks, None if place is None else len(place.heads))
+        self.digests = BlockDigests(self.kv, None if place is None else place.heads)
         h = self.harness
         layout = dict(self.kv.layout(), block_size=block_size)
-        # rendezvous: a list on a decode worker fed by several prefill workers (serving mode)
-        self.channel = open_channel("sender" if self.is_producer else "receiver", self.kv.device, self.transport,
-                                    h["rendezvous"], h.get("host", "127.0.0.1"), self.timeout_s,
-                                    on_open=lambda channel: self._exchange_layout(channel, layout),
-                                    open_timeout_s=h.get("startup_timeout_s"))
+        opening = {"device": self.kv.device, "transport_cfg": self.transport, "host": h.get("host", "127.0.0.1"),
+                   "timeout_s": self.timeout_s, "open_timeout_s": h.get("startup_timeout_s")}
+        role = "sender" if self.is_producer else "receiver"
+        if place is None or place.single:
+            # rendezvous: a list on a decode worker fed by several prefill workers (serving mode)
+            self.channel = open_channel(role, rendezvous=h["rendezvous"], **opening,
+                                        on_open=lambda channel: self._exchange_layout(channel, layout))
+            return
+        shares = iter(place.my_shares())  # each channel's handshake in the order they open
+        self.channel = open_sharded(place, self.kv, h["rendezvous"], opening,
+                                    on_open=lambda channel: self._exchange_layout(channel, layout, next(shares)))
 
-    def _exchange_layout(self, channel, mine: dict) -> None:
+    def _exchange_layout(self, channel, mine: dict, share: Share | None = None) -> None:
         """Both engines must agree on layers, per-block shape, dtype and block size (not on
-        num_blocks) before the first request."""
+        num_blocks) before the first request; under tensor parallelism each channel's two
+        workers on their ranks and degrees too, and the block shape may differ in its head count."""
+        place = self.place
+        if place is not None and not place.single:
+            mine = dict(mine, prefill_tp=place.prefill_tp, decode_tp=place.decode_tp)
+            if self.is_producer:
+                mine["prefill_rank"] = place.rank
         if self.is_producer:
             channel.send(LAYOUT_ID, 0, 1, torch.empty(0, dtype=torch.uint8), layout=mine)
             return
-        theirs = channel.wait(LAYOUT_ID)[0].meta["layout"]
+        theirs = dict(channel.wait(LAYOUT_ID)[0].meta["layout"])
         channel.release(LAYOUT_ID)
+        if share is not None:
+            rank = theirs.pop("prefill_rank", None)
+            if rank != share.prefill_rank:
+                raise RuntimeError(f"decode worker {place.rank} expected prefill worker {share.prefill_rank} on its "
+                                   f"channel, got {rank}")
+            for lay in (theirs, mine):  # the head count differs between degrees: compared through the shares
+                if lay.get("head_dim") is not None:
+                    lay["block_shape"] = [None if i == lay["head_dim"] else n for i, n in enumerate(lay["block_shape"])]
         if theirs != mine:
             raise RuntimeError(f"prefill and decode KV layouts differ: prefill {theirs}, decode {mine}")
 
@@ -202,7 +231,8 @@ class TransferWorker:
         sent_at = msgs[0].meta.get("t0", t_start) if msgs else t_start
         delivered = max((m.delivered for m in msgs), default=t_start)
         arrived = max((m.arrived for m in msgs), default=t_start)
-        req.bytes, req.messages = sum(m.payload.numel() for m in msgs), len(msgs)
+        wire = [m.meta.get("wire", (1, m.payload.numel())) for m in msgs]  # joined messages (head_shards.py): parts
+        req.messages, req.bytes = sum(n for n, _ in wire), sum(b for _, b in wire)
         self._record(req, "receive",
                      transfer_ms=(delivered - sent_at) * 1e3,  # sender starts gathering -> last byte in our memory
                      notify_ms=(arrived - delivered) * 1e3,  # -> this worker has been told (doorbell latency)
@@ -227,6 +257,7 @@ class TransferWorker:
             return
         record = TransferRecord(
             transfer_id=req.transfer_id, side=side, strategy=self.strategy, blocks=len(req.block_ids), fault=req.fault,
+            rank=0 if self.place is None else self.place.rank,
             block_ids=list(req.block_ids),
             skip_blocks=req.skip_blocks, tokens=req.num_tokens, kv_cache_blocks=self.kv.num_blocks,
             kv_cache_bytes=self.kv.cache_bytes(), bytes=req.bytes, messages=req.messages,

@@ -115,6 +115,7 @@ def remove_leftovers(rendezvous) -> None:
     staging buffer's name, between the decode worker creating it and both mapping it). The
     harness calls this after stopping the engines; rendezvous: one path or several."""
     for path in [rendezvous] if isinstance(rendezvous, str | Path) else rendezvous:
-        port = _rendezvous.published_port(str(path))
+        fixed = _rendezvous.address(str(path))
+        port = fixed[1] if fixed else _rendezvous.published_port(str(path))
         if port is not None:
             buffers.remove_leftover(port)

@@ -39,7 +39,8 @@ class GlooSender:
     def __init__(self, rendezvous_path: str, host: str, timeout_s: float):
         # We bind the store's port ourselves and keep it (rendezvous.py): no other process takes it.
         listener = rendezvous.listen(host, rendezvous_path)
-        self.pg = _process_group(host, listener.getsockname()[1], 0, timeout_s, listener)
+        host, port = listener.getsockname()
+        self.pg = _process_group(host, port, 0, timeout_s, listener)
         self._in_flight: list = []  # (work, tensor) of sends not yet waited for
         self.last_written = None
 
@@ -81,7 +82,7 @@ class GlooSender:
 
 class GlooReceiver:
     def __init__(self, rendezvous_path: str, host: str, timeout_s: float, inbox: Inbox | None = None, tag: int = 0):
-        port = rendezvous.wait_for_port(rendezvous_path, timeout_s)
+        host, port = rendezvous.peer(rendezvous_path, host, timeout_s)
         self.pg = _process_group(host, port, 1, timeout_s)
         self.inbox = inbox or Inbox(timeout_s)  # payloads are our own memory: nothing to acknowledge
         threading.Thread(target=self._receive_loop, name="kv-recv", daemon=True).start()

@@ -237,7 +237,7 @@ class StagedReceiver:
         this channel's staging regions are told apart by tag."""
         self.device = device
         self.tag = tag
-        port = rendezvous.wait_for_port(rendezvous_path, timeout_s)
+        host, port = rendezvous.peer(rendezvous_path, host, timeout_s)
         self.sock = FrameSocket(rendezvous.connect(host, port, timeout_s))
         self.buffer = buffers.create_staging(device, staging_bytes, port)
         self.staging = self.buffer.tensor

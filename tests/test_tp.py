@@ -1,0 +1,157 @@
+"""Tensor parallelism without engines: vLLM's head sharding, who sends which heads to whom, digests
+that mean the same at any degree, merged records, and KV cut by heads and joined again through
+real channels between processes."""
+
+import multiprocessing as mp
+import os
+
+import pytest
+import torch
+
+from transfer_strategies.digests import BlockDigests
+from transfer_strategies.head_shards import HeadJoinReceiver, ShardedSender
+from transfer_strategies.kv_blocks import KVBlocks
+from transfer_strategies.records import CONFLICT, TransferRecord, merge_ranks
+from transfer_strategies.tp import Placement, degree_problem, heads_of, shares
+from transfer_strategies.transport import open_channel, remove_leftovers
+
+NB, T, C = 12, 5, 6  # blocks, tokens per block, elements of one head per token (no two alike)
+
+
+def test_heads_are_sharded_and_replicated_as_vllm_does():
+    assert [list(heads_of(r, 2, 8)) for r in range(2)] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert [list(heads_of(r, 4, 2)) for r in range(4)] == [[0], [0], [1], [1]]  # each head on 2 ranks
+    assert list(heads_of(0, 1, 2)) == [0, 1]
+    assert degree_problem(2, 2) is None and degree_problem(4, 2) is None and degree_problem(4, 8) is None
+    assert "does not divide" in degree_problem(3, 2) and ">= 1" in degree_problem(0, 2)
+
+
+@pytest.mark.parametrize("n_heads", [2, 8])
+@pytest.mark.parametrize("p", [1, 2, 4])
+@pytest.mark.parametrize("d", [1, 2, 4])
+def test_every_decode_head_comes_once_from_a_prefill_worker_holding_it(p, d, n_heads):
+    all_shares = shares(p, d, n_heads)
+    for q in range(d):
+        mine = [s for s in all_shares if s.decode_rank == q]
+        got = [h for s in mine for h in s.heads]
+        assert got == list(heads_of(q, d, n_heads))  # each head once, in order
+        assert all(set(s.heads) <= set(heads_of(s.prefill_rank, p, n_heads)) for s in mine)
+    if d >= p and n_heads >= d:  # decode's degree higher: each decode worker reads one prefill worker
+        assert all(len([s for s in all_shares if s.decode_rank == q]) == 1 for q in range(d))
+    place = Placement(0, p, d, n_heads, is_producer=False)
+    for s in place.my_shares():
+        slot, slots = place.slot(s)
+        assert 0 <= slot < slots == len(place.my_shares())
+
+
+def test_replicated_prefill_heads_are_read_from_different_replicas():
+    # prefill TP 4 over 2 heads (each on 2 workers), decode TP 2: decode workers 0 and 1 want
+    # heads 0 and 1; each from a replica of its own
+    assert [(s.prefill_rank, s.decode_rank, list(s.heads)) for s in shares(4, 2, 2)] == [(0, 0, [0]), (3, 1, [1])]
+    assert Placement(1, 4, 2, 2, is_producer=True).my_shares() == []  # a replica nobody reads
+
+
+# --------------------------------------------------------------------------- digests per head
+def caches(layout: str, heads: range, n_layers: int = 3, seed: int = 0) -> KVBlocks:
+    """A KV cache holding `heads` of a 4-head model, in the CPU backend's layout ([blocks, heads,
+    tokens, K and V]) or FlashAttention's NHD ([K/V, blocks, tokens, heads, head size])."""
+    g = torch.Generator().manual_seed(seed)
+    full = [torch.randn(NB, 4, T, C, generator=g) for _ in range(n_layers)]  # every head, one layout
+    layers = {}
+    for i, t in enumerate(full):
+        mine = t[:, heads.start:heads.stop].contiguous()
+        if layout == "nhd":
+            mine = mine.view(NB, len(heads), T, 2, C // 2).permute(3, 0, 2, 1, 4).contiguous()
+        layers[f"layer.{i}"] = mine
+    return KVBlocks(layers, NB, n_heads=len(heads))
+
+
+@pytest.mark.parametrize("layout", ["cpu", "nhd"])
+def test_a_heads_digest_is_the_same_whatever_worker_holds_it(layout):
+    ids = [3, 4, 5, 9, 0]
+    whole = BlockDigests(caches(layout, range(4)))(ids)
+    assert list(whole) == ["0", "1", "2", "3"] and len({v for vs in whole.values() for v in vs}) == 4 * len(ids)
+    halves = {**BlockDigests(caches(layout, range(0, 2)), heads=range(0, 2))(ids),
+              **BlockDigests(caches(layout, range(2, 4)), heads=range(2, 4))(ids)}
+    assert halves == whole
+    one = caches(layout, range(2, 3))
+    assert one.head_dim_certain and BlockDigests(one, heads=[2])(ids) == {"2": whole["2"]}
+    one.layers[1].view(-1)[0] += 1  # a bit of head 2 in block 0, layer 1
+    assert BlockDigests(one, heads=[2])([0, 3]) == {"2": [BlockDigests(one, heads=[2])([0])["2"][0], whole["2"][0]]}
+    assert BlockDigests(one, heads=[2])([0])["2"][0] != BlockDigests(caches(layout, range(4)))([0])["2"][0]
+
+
+def test_records_of_every_worker_merge_into_one_per_side():
+    def rec(rank, digests, **kw):
+        return TransferRecord("t", "receive", "Fused", 2, 0, 40, 10, 100, 64, 1, digests=digests, rank=rank, **kw)
+    merged = merge_ranks([rec(1, {"1": ["b"]}, load_ms=3.0, t_load_start=5.0), rec(0, {"0": ["a"]}, load_ms=1.0,
+                                                                                  t_load_start=4.0)])
+    assert merged.digests == {"0": ["a"], "1": ["b"]} and merged.bytes == 128 and merged.messages == 2
+    assert merged.load_ms == 3.0 and merged.t_load_start == 4.0 and merged.rank is None
+    assert merge_ranks([rec(0, {"0": ["a"]}), rec(1, {"0": ["z"]})]).digests == {"0": [CONFLICT]}
+    assert merge_ranks([rec(0, None), rec(1, {"1": ["b"]}, error="late")]).error == "late"
+
+
+# --------------------------------------------------------------------------- KV cut by heads, joined
+def _payload(heads: range, seed: int = 1) -> torch.Tensor:
+    """Two layers of 3 blocks of `heads` (of 4), as a prefill worker holding them gathers them."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(2, 3, 4, T, C, generator=g)[:, :, heads.start:heads.stop].contiguous()
+
+
+def _sender(paths, out, kind, p, d, rank):
+    place = Placement(rank, p, d, 4, is_producer=True)
+    kv = caches("cpu", place.heads)
+    first = place.heads.start
+    targets = [(open_channel("sender", torch.device("cpu"), {"kind": kind, "staging_mb": 8}, paths[(s.prefill_rank,
+                s.decode_rank)], "127.0.0.1", 60), range(s.heads.start - first, s.heads.stop - first), *place.slot(s))
+               for s in place.my_shares()]
+    ch = ShardedSender(kv, targets)
+    ch.send("t", 0, 2, torch.tensor([7, 8, 9]), nbytes=24)  # not KV: every decode peer gets it whole
+    payload = _payload(place.heads)
+    buf = kv.typed(ch.alloc(payload.numel() * 4)).view(payload.shape).copy_(payload)
+    ch.send("t", 1, 2, buf, nbytes=buf.numel() * 4)
+    ch.flush()
+    os._exit(0)
+
+
+def _receiver(paths, out, kind, p, d, rank):
+    place = Placement(rank, p, d, 4, is_producer=False)
+    kv = caches("cpu", place.heads)
+    mine = [paths[(s.prefill_rank, s.decode_rank)] for s in place.my_shares()]
+    ch = open_channel("receiver", torch.device("cpu"), {"kind": kind, "staging_mb": 8},
+                      mine if len(mine) > 1 else mine[0], "127.0.0.1", 60)
+    if len(mine) > 1:
+        ch = HeadJoinReceiver(kv, ch, len(mine))
+    ids, kv_msg = ch.wait("t")
+    late = ch.wait("t", 1)[0]  # one message by index: the same join
+    got = kv.typed(kv_msg.payload).view(2, 3, len(place.heads), T, C)
+    ok = torch.equal(ids.payload.view(torch.int64), torch.tensor([7, 8, 9])) and torch.equal(got, _payload(place.heads))
+    ok = ok and torch.equal(late.payload, kv_msg.payload) and kv_msg.meta["nbytes"] == kv_msg.payload.numel()
+    out.put((rank, ok, (kv_msg.index, kv_msg.count)))
+    ch.release("t")
+    out.close()
+    out.join_thread()
+    os._exit(0)
+
+
+@pytest.mark.parametrize("kind", ["staged", "gloo"])
+@pytest.mark.parametrize(("p", "d"), [(1, 2), (2, 1), (4, 2)])
+def test_kv_is_cut_by_heads_and_joined_between_degrees(p, d, kind, tmp_path):
+    ctx = mp.get_context("spawn")
+    paths = {(r, q): str(tmp_path / f"p{r}d{q}") for r in range(p) for q in range(d)}
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_receiver, args=(paths, out, kind, p, d, q)) for q in range(d)]
+    procs += [ctx.Process(target=_sender, args=(paths, out, kind, p, d, r)) for r in range(p)]
+    for proc in procs:
+        proc.start()
+    try:
+        got = sorted(out.get(timeout=90) for _ in range(d))
+    finally:
+        for proc in procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+        remove_leftovers(list(paths.values()))
+    assert got == [(q, True, (1, 2)) for q in range(d)]
+    assert all(proc.exitcode == 0 for proc in procs)

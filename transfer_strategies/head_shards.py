@@ -1,0 +1,142 @@
+"""Channels between engines of different tensor-parallel degrees (tp.py says who sends which KV
+heads to whom). A strategy posts and collects as with one channel; these two wrap the real ones.
+
+ShardedSender, on a prefill worker with other than exactly one decode peer taking all its heads:
+a payload in the KV dtype (blocks, as `gather` builds them, or whole layers) is cut by head and
+each decode peer gets its heads; any other payload (full_cache's block ids) goes whole to each.
+Cutting costs one copy per peer, into that peer's staging space: a push sender builds its
+payload before it knows the peers' shares, so the zero-copy path (gather straight into the one
+receiver's buffer) is kept for the one-peer case.
+
+HeadJoinReceiver, on a decode worker fed by several prefill workers: their messages come into one
+inbox (fan_in.py); each prefill worker numbers its messages after the ones of the workers before
+it (slot * count + index), and a collected message is the parts joined along the head axis, in
+head order (one copy on the decode side).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from transfer_strategies.faults import payload_checksum
+from transfer_strategies.kv_blocks import KVBlocks
+from transfer_strategies.tp import Placement
+from transfer_strategies.transport import Message, as_bytes, open_channel
+
+
+def open_sharded(place: Placement, kv: KVBlocks, rendezvous: str, opening: dict, on_open):
+    """This worker's channels to the other engine's workers it shares heads with (tp.py), as one
+    channel; on_open(channel) runs as each opens, in the order of place.my_shares()."""
+    if place.prefill_tp != place.decode_tp and not kv.head_dim_certain:
+        raise RuntimeError(f"cannot tell the KV head axis in this engine's KV shape {kv.layer_shape(-1)} "
+                           f"({kv.n_heads} heads): prefill TP {place.prefill_tp} and decode TP {place.decode_tp} "
+                           f"need it; use equal TP degrees or another block size")
+    shares = place.my_shares()
+    if place.is_producer:
+        first = place.heads.start
+        return ShardedSender(kv, [
+            (open_channel("sender", rendezvous=place.rendezvous(rendezvous, s), **opening, on_open=on_open),
+             range(s.heads.start - first, s.heads.stop - first), *place.slot(s)) for s in shares])
+    paths = [place.rendezvous(rendezvous, s) for s in shares]
+    channel = open_channel("receiver", rendezvous=paths if len(paths) > 1 else paths[0], **opening, on_open=on_open)
+    return channel if len(paths) == 1 else HeadJoinReceiver(kv, channel, len(paths))
+
+
+class ShardedSender:
+    def __init__(self, kv: KVBlocks, targets: list[tuple[object, range, int, int]]):
+        """targets: (channel, local heads it takes, slot, slots) per decode peer."""
+        self.kv, self.targets = kv, targets
+        self.whole = len(targets) == 1 and len(targets[0][1]) == kv.n_heads  # no cutting: build in place
+        self.last_written = None
+
+    @property
+    def _one(self):
+        return self.targets[0][0]
+
+    def alloc(self, nbytes: int) -> torch.Tensor:
+        if self.whole:
+            return self._one.alloc(nbytes)
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.kv.device)
+
+    def owns(self, payload: torch.Tensor) -> bool:
+        return self.whole and self._one.owns(payload)
+
+    def discard(self, payload: torch.Tensor) -> None:
+        if self.whole:
+            self._one.discard(payload)
+
+    def send(self, transfer_id: str, index: int, count: int, payload: torch.Tensor, background: bool = False,
+             **meta) -> int:
+        sent = 0
+        kv = payload.dtype == self.kv.dtype  # blocks: each peer takes its heads
+        rows = self.kv.per_head(payload) if kv and not self.whole else None
+        for channel, heads, slot, slots in self.targets:
+            part, part_meta = payload, dict(meta, heads=len(heads)) if kv else meta  # heads: for the joining side
+            if rows is not None:
+                mine = rows[:, heads.start:heads.stop]
+                part = self.kv.typed(channel.alloc(mine.numel() * mine.element_size())).view(mine.shape).copy_(mine)
+                part_meta["nbytes"] = part.numel() * part.element_size()
+                if "checksum" in meta:
+                    part_meta["checksum"] = payload_checksum(as_bytes(part))
+            sent += channel.send(transfer_id, slot * count + index, slots * count, part, background=background,
+                                 **part_meta)
+            self.last_written = channel.last_written
+        return sent
+
+    def flush(self) -> None:
+        for channel, *_ in self.targets:
+            channel.flush()
+
+    def held(self) -> int:
+        return sum(channel.held() for channel, *_ in self.targets)
+
+    def close(self) -> None:
+        for channel, *_ in self.targets:
+            channel.close()
+
+
+class HeadJoinReceiver:
+    def __init__(self, kv: KVBlocks, channel, slots: int):
+        """channel: the fan-in of the `slots` prefill workers' channels, in head order."""
+        self.kv, self.channel, self.slots = kv, channel, slots
+        self.inbox = channel.inbox
+
+    def wait(self, transfer_id: str, index: int | None = None) -> list[Message]:
+        if index is None:
+            msgs = self.channel.wait(transfer_id)
+            count = len(msgs) // self.slots
+            return [self._join([msgs[s * count + i] for s in range(self.slots)]) for i in range(count)]
+        (first,) = self.channel.wait(transfer_id, index)
+        count = first.count // self.slots
+        return [self._join([first] + [self.channel.wait(transfer_id, s * count + index)[0]
+                                      for s in range(1, self.slots)])]
+
+    def _join(self, parts: list[Message]) -> Message:
+        first = parts[0]
+        meta = {k: v for k, v in first.meta.items() if k not in ("heads", "checksum")}
+        if "heads" not in first.meta:  # sent whole to every decode worker: any copy will do
+            payload = first.payload
+        else:
+            for m in parts:
+                if m.meta.get("checksum") is not None and payload_checksum(m.payload) != m.meta["checksum"]:
+                    meta["checksum"] = "differs"  # never a checksum: check_message reports the part's damage
+            inner = self.kv.head_inner()
+            payload = as_bytes(torch.cat([self.kv.typed(m.payload).view(-1, m.meta["heads"], inner) for m in parts],
+                                         dim=1))
+        meta["nbytes"] = payload.numel()
+        # what came over the wire, for the record: every part, a whole payload once per prefill worker
+        meta["wire"] = (len(parts), sum(m.payload.numel() for m in parts))
+        return Message(first.transfer_id, first.index % (first.count // self.slots), first.count // self.slots,
+                       payload, meta, max(m.delivered for m in parts), max(m.arrived for m in parts))
+
+    def ready(self, transfer_ids: set[str], timeout_s: float = 0.0) -> set[str]:
+        return self.channel.ready(transfer_ids, timeout_s)
+
+    def when_complete(self, transfer_id: str, fn) -> None:
+        self.channel.when_complete(transfer_id, fn)
+
+    def release(self, transfer_id: str) -> None:
+        self.channel.release(transfer_id)
+
+    def close(self) -> None:
+        self.channel.close()
