@@ -15,11 +15,15 @@ the targets of the default-model issue:
   truncated (first block dropped, or the first half of prompts shorter than
   two blocks; `<s>` is kept);
 * the share of prompts whose 16 greedy tokens from vLLM and transformers agree
-  (both float32; for information).
+  (both float32 unless --dtype says otherwise; for information).
 
 Exits 1 when a target is missed.
 
     python scripts/check_default_model.py [--model models/tiny-llama] [--update-card]
+
+Another model, on a GPU (vLLM there, and transformers too with --hf-device cuda):
+
+    python scripts/check_default_model.py --model DIR --device cuda --hf-device cuda
 """
 
 from __future__ import annotations
@@ -113,7 +117,7 @@ def truncate(ids, bs):
     return [ids[0]] + text[len(text) // 2:]
 
 
-def hf_runs(model_dir, prompt_ids, n_new, bs, threads):
+def hf_runs(model_dir, prompt_ids, n_new, bs, threads, device="cpu", dtype="float32"):
     """Greedy continuations from transformers: plain, last block zeroed, first
     block zeroed.  The prompt minus its last token is prefilled, the cache is
     perturbed, then the last prompt token is fed and n_new tokens decoded."""
@@ -121,13 +125,13 @@ def hf_runs(model_dir, prompt_ids, n_new, bs, threads):
     from transformers import DynamicCache, LlamaForCausalLM
 
     torch.set_num_threads(threads)
-    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device)
     model.eval()
 
     @torch.no_grad()
     def greedy(ids, zero=None):
         cache = DynamicCache(config=model.config)
-        model(input_ids=torch.tensor([ids[:-1]]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([ids[:-1]], device=device), past_key_values=cache, use_cache=True)
         if zero is not None:
             s, e = zero
             for layer in cache.layers:
@@ -135,7 +139,7 @@ def hf_runs(model_dir, prompt_ids, n_new, bs, threads):
                 layer.values[:, :, s:e] = 0
         tok, out = ids[-1], []
         for _ in range(n_new):
-            logits = model(input_ids=torch.tensor([[tok]]), past_key_values=cache,
+            logits = model(input_ids=torch.tensor([[tok]], device=device), past_key_values=cache,
                            use_cache=True).logits[0, -1]
             tok = int(logits.argmax())
             out.append(tok)
@@ -146,6 +150,9 @@ def hf_runs(model_dir, prompt_ids, n_new, bs, threads):
         plain.append(greedy(ids))
         zlast.append(greedy(ids, last_full_block(len(ids), bs)))
         zfirst.append(greedy(ids, (0, min(bs, len(ids) - 1))))
+    if device != "cpu":  # give the GPU memory back before vLLM measures what is free
+        del model
+        torch.cuda.empty_cache()
     return plain, zlast, zfirst
 
 
@@ -156,7 +163,7 @@ def vllm_runs(args, prompt_ids, n_new):
     max_len = max(len(i) for i in prompt_ids) + n_new
     max_len = max(512, -(-max_len // args.block_size) * args.block_size)
     t0 = time.time()
-    llm = LLM(model=args.model, tokenizer=args.model, dtype="float32",
+    llm = LLM(model=args.model, tokenizer=args.model, dtype=args.dtype,
               block_size=args.block_size, enforce_eager=True, seed=0,
               max_model_len=max_len, max_num_seqs=64)
     start_s = time.time() - t0
@@ -192,7 +199,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(REPO / "models" / "tiny-llama"))
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
-                    help="where vLLM runs (transformers runs on CPU)")
+                    help="where vLLM runs (transformers: see --hf-device)")
+    ap.add_argument("--hf-device", default="cpu", choices=["cpu", "cuda"],
+                    help="where transformers runs")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                    help="compute dtype of vLLM and transformers (the weights are cast to it)")
     ap.add_argument("--block-size", type=int, default=32)
     ap.add_argument("--kv-cache-gib", type=int, default=1, help="VLLM_CPU_KVCACHE_SPACE")
     ap.add_argument("--max-tokens", type=int, default=16)
@@ -216,7 +227,8 @@ def main() -> int:
     lens = [len(i) for i in prompt_ids]
 
     t0 = time.time()
-    hf_plain, hf_zlast, hf_zfirst = hf_runs(args.model, prompt_ids, n_new, bs, args.threads)
+    hf_plain, hf_zlast, hf_zfirst = hf_runs(args.model, prompt_ids, n_new, bs, args.threads,
+                                            args.hf_device, args.dtype)
     hf_s = time.time() - t0
     v_toks, v_margins, v_trunc, tok_ok, start_s, gen_s = vllm_runs(args, prompt_ids, n_new)
 
@@ -225,7 +237,9 @@ def main() -> int:
     shown = Path(args.model).resolve()
     shown = shown.relative_to(REPO) if shown.is_relative_to(REPO) else shown
     p(f"model: {shown}   prompts: {len(PROMPTS)}   block size: {bs}   "
-      f"greedy tokens: {n_new}   vLLM device: {args.device}")
+      f"greedy tokens: {n_new}   vLLM device: {args.device}"
+      + (f"   transformers device: {args.hf_device}" if args.hf_device != "cpu" else "")
+      + (f"   dtype: {args.dtype}" if args.dtype != "float32" else ""))
     p(f"prompt lengths (tokens incl. <s>): min {min(lens)}, median {statistics.median(lens)}, "
       f"max {max(lens)}; <{bs}: {sum(n < bs for n in lens)}, {bs}-{2 * bs - 1}: "
       f"{sum(bs <= n < 2 * bs for n in lens)}, >={2 * bs}: {sum(n >= 2 * bs for n in lens)}, "
@@ -284,6 +298,12 @@ def main() -> int:
         if begin in text and end in text:
             import vllm
             cmd = "python scripts/check_default_model.py"
+            if Path(args.model).resolve() != (REPO / "models" / "tiny-llama").resolve():
+                cmd += f" --model {shown}"
+            for opt, default in (("device", "cpu"), ("hf_device", "cpu"), ("dtype", "float32"),
+                                 ("block_size", 32), ("max_tokens", 16)):
+                if getattr(args, opt) != default:
+                    cmd += f" --{opt.replace('_', '-')} {getattr(args, opt)}"
             new = (f"{begin}\n`{cmd}` (vLLM {vllm.__version__}, device {args.device}):\n\n"
                    f"```\n{report}\n```\n{end}")
             text = text[:text.index(begin)] + new + text[text.index(end) + len(end):]

@@ -6,6 +6,7 @@
 #   bash scripts/gpu_run.sh bench2   # the same with prefill on GPU 0 and decode on GPU 1
 #   bash scripts/gpu_run.sh ttft     # experiment=gpu_ttft: TTFT and its parts, early vs after_prefill, 2k/8k/16k
 #   bash scripts/gpu_run.sh ttft2    # the same across two GPUs
+#   bash scripts/gpu_run.sh kvmodel  # train and check models/llama3-8b-kv (Llama-3-8B KV geometry, trained weights)
 #   bash scripts/gpu_run.sh probe    # scripts/gpu_copy_probe.py, on one GPU and (if there are two) across
 #   bash scripts/gpu_run.sh serve    # experiment=gpu_serve: runner=serve sweep on two GPUs (harness overrides follow,
 #                                    # e.g. strategy=fused,layerwise serve.request_rate=1,2,4)
@@ -40,6 +41,11 @@ case "${1:-check}" in
     python3 -m harness -m experiment=gpu_serve "hydra.sweep.dir=$RUNS/$name" "${@:2}" 2>&1 | grep -v "^\[" | tail -60
     cp "$RUNS/$name/sweep_summary.txt" "$OUT/$name-summary.txt" 2>/dev/null
     tar czf "$OUT/$name-runs.tgz" -C "$RUNS" "$name" ;;
+  kvmodel)  # models/llama3-8b-kv: the Llama-3-8B KV geometry, trained here (its weights are not committed), then checked
+    python3 scripts/train_default_model.py --preset llama3_8b_kv --device cuda --out models/llama3-8b-kv 2>&1 | tail -12
+    python3 scripts/check_default_model.py --model models/llama3-8b-kv --device cuda --hf-device cuda --update-card \
+      2>&1 | grep -v "^\[" | tail -40
+    cp models/llama3-8b-kv/README.md models/llama3-8b-kv/training_info.json "$OUT/" ;;
   probe)
     python3 scripts/gpu_copy_probe.py 2>&1 | tee "$OUT/copy-probe-1gpu.txt"
     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then python3 scripts/gpu_copy_probe.py --peer 2>&1 | tee "$OUT/copy-probe-2gpu.txt"; fi ;;

@@ -15,6 +15,21 @@ produced the shipped checkpoint.
 ``--write-corpus`` regenerates the corpus file from the running Python's
 ``pydoc_data`` (the shipped file came from CPython 3.11.7); training always
 reads the file, so the result does not depend on the Python version.
+
+``--preset llama3_8b_kv`` makes instead a model with the KV-cache geometry of
+Llama-3-8B (32 layers, 8 KV heads of size 128 under 32 query heads) but a small
+hidden size (256) and MLP (704), trained on the same corpus with the tokenizer
+of ``models/tiny-llama`` (copied, not retrained: same 3502-token vocabulary),
+saved in bfloat16.  It is meant for one GPU (bf16 autocast, a minute or two on
+an H200) and stops at a training loss of 0.4 (``--stop-loss``): fully memorised,
+this deep model ignores most of a prompt's KV cache.  See
+``models/llama3-8b-kv/README.md``:
+
+    python scripts/train_default_model.py --preset llama3_8b_kv --device cuda --out DIR
+
+``--layers --hidden --heads --kv-heads --head-dim --intermediate`` override a
+preset's geometry, ``--dtype`` the dtype of the saved weights.  ``--preset tiny`` (the default) on CPU is exactly the
+recipe of the shipped ``models/tiny-llama``.
 """
 
 from __future__ import annotations
@@ -94,19 +109,39 @@ def save_tokenizer(tok, out: Path) -> None:
     fast.save_pretrained(str(out))
 
 
-def model_config(vocab_size: int, bos_id: int, eos_id: int, pad_id: int):
+# Per-preset defaults; every key is also a command-line option (None there: take the preset's).
+PRESETS: dict[str, dict] = {
+    # The shipped default model (models/tiny-llama): trained on CPU, float32.
+    "tiny": {
+        "layers": 4, "hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 64, "intermediate": 704,
+        "max_positions": 4096, "dtype": "float32", "tokenizer_from": None,
+        "steps": 800, "batch_size": 4, "lr": 4e-3, "warmup": 50, "stop_loss": 0.0,
+    },
+    # Llama-3-8B's KV cache (32 layers x 8 KV heads x 128, 128 KiB/token in bf16; 32 query
+    # heads, GQA 4 as in the real model) on a small residual stream and MLP, for one GPU.
+    "llama3_8b_kv": {
+        "layers": 32, "hidden": 256, "heads": 32, "kv_heads": 8, "head_dim": 128, "intermediate": 704,
+        "max_positions": 32768, "dtype": "bfloat16", "tokenizer_from": "models/tiny-llama",
+        "steps": 2000, "batch_size": 16, "lr": 2e-3, "warmup": 100, "stop_loss": 0.4,
+    },
+}
+TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
+
+
+def model_config(vocab_size: int, bos_id: int, eos_id: int, pad_id: int, geo: dict | None = None):
     from transformers import LlamaConfig
 
+    g = geo or PRESETS["tiny"]
     return LlamaConfig(
         vocab_size=vocab_size,
-        hidden_size=256,
-        intermediate_size=704,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=64,
+        hidden_size=g["hidden"],
+        intermediate_size=g["intermediate"],
+        num_hidden_layers=g["layers"],
+        num_attention_heads=g["heads"],
+        num_key_value_heads=g["kv_heads"],
+        head_dim=g["head_dim"],
         hidden_act="silu",
-        max_position_embeddings=4096,
+        max_position_embeddings=g["max_positions"],
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
         tie_word_embeddings=True,
@@ -115,8 +150,23 @@ def model_config(vocab_size: int, bos_id: int, eos_id: int, pad_id: int):
         bos_token_id=bos_id,
         eos_token_id=eos_id,
         pad_token_id=pad_id,
-        torch_dtype="float32",
+        torch_dtype=g["dtype"],
     )
+
+
+def load_tokenizer(src: Path, out: Path):
+    """Copy the tokenizer files of the model directory ``src`` into ``out`` and
+    return the tokenizer (a ``tokenizers.Tokenizer``)."""
+    import shutil
+
+    from tokenizers import Tokenizer
+
+    if not (src / "tokenizer.json").exists():
+        raise SystemExit(f"no tokenizer.json in {src} (--tokenizer-from)")
+    for f in TOKENIZER_FILES:
+        if (src / f).exists() and (src / f).resolve() != (out / f).resolve():
+            shutil.copyfile(src / f, out / f)
+    return Tokenizer.from_file(str(src / "tokenizer.json"))
 
 
 def lr_at(step: int, steps: int, lr: float, warmup: int, min_ratio: float) -> float:
@@ -128,27 +178,71 @@ def lr_at(step: int, steps: int, lr: float, warmup: int, min_ratio: float) -> fl
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(REPO / "models" / "tiny-llama"))
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="tiny",
+                    help="model geometry and training defaults: "
+                    + "; ".join(f"{k}: {v}" for k, v in PRESETS.items()))
+    ap.add_argument("--out", default=None,
+                    help="output directory (default: models/tiny-llama for --preset tiny, "
+                         "required otherwise)")
     ap.add_argument("--corpus", default=str(DEFAULT_CORPUS))
     ap.add_argument("--write-corpus", action="store_true",
                     help="regenerate --corpus from this Python's pydoc_data first")
     ap.add_argument("--max-topic-chars", type=int, default=8000,
                     help="with --write-corpus: keep the topics shorter than this")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--vocab-size", type=int, default=4096)
-    ap.add_argument("--steps", type=int, default=800)
+    ap.add_argument("--vocab-size", type=int, default=4096,
+                    help="BPE vocabulary asked for when the tokenizer is trained (--preset tiny)")
+    ap.add_argument("--tokenizer-from", default=None,
+                    help="copy the tokenizer of this model directory instead of training one "
+                         "(default: the preset's; llama3_8b_kv: models/tiny-llama)")
+    geo = ap.add_argument_group("geometry (default: the preset's)")
+    geo.add_argument("--layers", type=int)
+    geo.add_argument("--hidden", type=int)
+    geo.add_argument("--heads", type=int, help="query heads")
+    geo.add_argument("--kv-heads", type=int)
+    geo.add_argument("--head-dim", type=int)
+    geo.add_argument("--intermediate", type=int, help="MLP size")
+    geo.add_argument("--max-positions", type=int)
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                    help="dtype of the saved weights (tiny: float32, llama3_8b_kv: bfloat16)")
+    ap.add_argument("--train-dtype", choices=["float32", "bfloat16"], default=None,
+                    help="float32, or bfloat16 autocast over float32 weights (cuda only); "
+                         "default: bfloat16 on cuda, float32 on cpu")
+    ap.add_argument("--steps", type=int, default=None, help="tiny: 800, llama3_8b_kv: 2000")
     ap.add_argument("--minutes", type=float, default=0.0,
                     help="also stop after this many minutes of training "
                          "(0: no limit; a limit makes the result machine-dependent)")
-    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--stop-loss", type=float, default=None,
+                    help="also stop once the training loss (EMA) is below this (0: no limit; "
+                         "tiny: 0, llama3_8b_kv: 0.4, as memorised as tiny-llama: a model that "
+                         "memorises the corpus fully ignores most of the KV cache)")
+    ap.add_argument("--batch-size", type=int, default=None, help="tiny: 4, llama3_8b_kv: 16")
     ap.add_argument("--seq-len", type=int, default=512)
-    ap.add_argument("--lr", type=float, default=4e-3)
-    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--lr", type=float, default=None, help="tiny: 4e-3, llama3_8b_kv: 2e-3")
+    ap.add_argument("--warmup", type=int, default=None, help="tiny: 50, llama3_8b_kv: 100")
     ap.add_argument("--min-lr-ratio", type=float, default=0.05)
     ap.add_argument("--weight-decay", type=float, default=0.0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--log-every", type=int, default=50)
     args = ap.parse_args()
+
+    preset = PRESETS[args.preset]
+    for k, v in preset.items():  # unset options take the preset's value
+        if getattr(args, k, None) is None:
+            setattr(args, k, v)
+    if args.out is None:
+        if args.preset != "tiny":
+            ap.error("--out is required with --preset " + args.preset)
+        args.out = str(REPO / "models" / "tiny-llama")
+    if args.train_dtype is None:
+        args.train_dtype = "bfloat16" if args.device == "cuda" else "float32"
+    if args.train_dtype != "float32" and args.device != "cuda":
+        ap.error("--train-dtype bfloat16 needs --device cuda")
+    geo = {k: getattr(args, k) for k in ("layers", "hidden", "heads", "kv_heads", "head_dim",
+                                         "intermediate", "max_positions", "dtype")}
+    if geo["heads"] % geo["kv_heads"]:
+        ap.error(f"--heads {geo['heads']} is not a multiple of --kv-heads {geo['kv_heads']}")
 
     t_start = time.time()
     corpus = Path(args.corpus)
@@ -156,21 +250,32 @@ def main() -> int:
         write_corpus(corpus, args.max_topic_chars)
 
     os.environ.setdefault("RAYON_NUM_THREADS", "1")  # deterministic BPE training
+    if args.device == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     import torch
     from transformers import GenerationConfig, LlamaForCausalLM
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     random.seed(args.seed)
-    torch.use_deterministic_algorithms(True)
+    # On CUDA a few kernels (attention backward) have no deterministic version: warn only.
+    torch.use_deterministic_algorithms(True, warn_only=args.device == "cuda")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device")
+    device = torch.device(args.device)
 
     docs, corpus_sha = read_docs(corpus)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
     # ---- tokenizer -------------------------------------------------------
-    tok = train_tokenizer(docs, args.vocab_size)
-    save_tokenizer(tok, out)
+    if args.tokenizer_from:
+        tok_src = Path(args.tokenizer_from)
+        tok_src = tok_src if tok_src.is_absolute() else REPO / tok_src
+        tok = load_tokenizer(tok_src, out)
+    else:
+        tok = train_tokenizer(docs, args.vocab_size)
+        save_tokenizer(tok, out)
     bos_id, eos_id, pad_id = (tok.token_to_id(t) for t in ("<s>", "</s>", "<pad>"))
     vocab = tok.get_vocab_size()
     stream: list[int] = []
@@ -182,10 +287,17 @@ def main() -> int:
           f"{len(stream)} tokens, vocab {vocab}, sha256 {corpus_sha}", flush=True)
 
     # ---- model -----------------------------------------------------------
-    cfg = model_config(vocab, bos_id, eos_id, pad_id)
-    model = LlamaForCausalLM(cfg)
+    cfg = model_config(vocab, bos_id, eos_id, pad_id, geo)
+    model = LlamaForCausalLM(cfg)  # initialised on CPU: the same weights whatever the device
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f} M parameters", flush=True)
+    model.to(device)
+    kv_bytes = 2 * geo["layers"] * geo["kv_heads"] * geo["head_dim"] * torch.finfo(
+        getattr(torch, geo["dtype"])).bits // 8
+    print(f"preset {args.preset}: {geo['layers']} layers, hidden {geo['hidden']}, {geo['heads']} heads, "
+          f"{geo['kv_heads']} KV heads of {geo['head_dim']}, MLP {geo['intermediate']}, "
+          f"{kv_bytes} B of {geo['dtype']} KV per token; device {args.device}, "
+          f"training in {args.train_dtype}", flush=True)
 
     decay, no_decay = [], []
     for p in model.parameters():
@@ -200,6 +312,8 @@ def main() -> int:
     max_off = len(stream) - L
     bos_col = torch.full((args.batch_size, 1), bos_id, dtype=torch.long)
     ar = torch.arange(L)
+    autocast = torch.autocast(device_type=args.device, dtype=torch.bfloat16,
+                              enabled=args.train_dtype == "bfloat16")
 
     model.train()
     t_train = time.time()
@@ -210,45 +324,70 @@ def main() -> int:
             print(f"time limit reached at step {step}", flush=True)
             break
         offs = torch.randint(0, max_off + 1, (args.batch_size,), generator=gen)
-        x = torch.cat([bos_col, data[offs[:, None] + ar]], dim=1)
+        x = torch.cat([bos_col, data[offs[:, None] + ar]], dim=1).to(device)
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps, args.lr, args.warmup, args.min_lr_ratio)
-        loss = model(input_ids=x, labels=x).loss
+        with autocast:
+            loss = model(input_ids=x, labels=x).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         lv = loss.item()
         ema = lv if ema is None else 0.95 * ema + 0.05 * lv
-        if step % args.log_every == 0 or step == args.steps - 1:
+        stop = bool(args.stop_loss) and ema < args.stop_loss
+        if step % args.log_every == 0 or step == args.steps - 1 or stop:
             print(f"step {step:5d}  loss {lv:.4f}  ema {ema:.4f}  "
                   f"lr {opt.param_groups[0]['lr']:.2e}  {time.time() - t_train:6.1f}s",
                   flush=True)
+        if stop:
+            print(f"loss (EMA) below --stop-loss {args.stop_loss} at step {step}", flush=True)
+            break
     steps_done = step + 1
     train_s = time.time() - t_train
 
-    # ---- evaluate loss on fixed windows ------------------------------------
+    # ---- evaluate loss on fixed windows, with the weights as saved ----------
+    model.to(getattr(torch, geo["dtype"]))
     model.eval()
     eg = torch.Generator().manual_seed(12345)
     offs = torch.randint(0, max_off + 1, (32,), generator=eg)
     with torch.no_grad():
-        x = torch.cat([torch.full((32, 1), bos_id), data[offs[:, None] + ar]], dim=1)
+        x = torch.cat([torch.full((32, 1), bos_id), data[offs[:, None] + ar]], dim=1).to(device)
         eval_loss = model(input_ids=x, labels=x).loss.item()
-    print(f"eval loss (32 fixed corpus windows): {eval_loss:.4f}", flush=True)
+    print(f"eval loss (32 fixed corpus windows, {geo['dtype']} weights): {eval_loss:.4f}", flush=True)
 
     # ---- save ----------------------------------------------------------------
     model.save_pretrained(str(out), safe_serialization=True)
     GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
                      do_sample=False).save_pretrained(str(out))
     total_s = time.time() - t_start
+    weight_bytes = sum(f.stat().st_size for f in out.glob("*.safetensors"))
     info = {
+        "preset": args.preset,
         "corpus": str(corpus.relative_to(REPO)) if corpus.is_relative_to(REPO) else str(corpus),
         "corpus_sha256": corpus_sha,
         "corpus_tokens": len(stream),
         "vocab_size": vocab,
+        "tokenizer": f"copied from {args.tokenizer_from}" if args.tokenizer_from
+        else f"trained here (BPE, {args.vocab_size} asked for)",
+        "layers": geo["layers"],
+        "hidden": geo["hidden"],
+        "heads": geo["heads"],
+        "kv_heads": geo["kv_heads"],
+        "head_dim": geo["head_dim"],
+        "intermediate": geo["intermediate"],
+        "max_positions": geo["max_positions"],
+        "kv_bytes_per_token": kv_bytes,
         "parameters": n_params,
+        "dtype": geo["dtype"],
+        "weight_bytes": weight_bytes,
+        "device": args.device,
+        "gpu": torch.cuda.get_device_name(device) if args.device == "cuda" else None,
+        "train_dtype": args.train_dtype,
         "seed": args.seed,
         "steps": steps_done,
+        "steps_planned": args.steps,
+        "stop_loss": args.stop_loss,
         "batch_size": args.batch_size,
         "seq_len": L,
         "lr": args.lr,
@@ -265,7 +404,10 @@ def main() -> int:
     }
     add_compat_keys(out)
     (out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
-    write_card(out, info)
+    if args.preset == "tiny":
+        write_card(out, info)
+    else:
+        write_results(out, info)
     print(json.dumps(info, indent=2))
     print(f"done in {total_s:.1f}s -> {out}")
     return 0
@@ -335,6 +477,49 @@ CPU may change the last bits of the weights.
 
 {check}
 """
+    card.write_text(text)
+
+
+RESULTS_BEGIN = "<!-- training-results:begin -->"
+RESULTS_END = "<!-- training-results:end -->"
+# Hand-written model cards of the presets other than tiny (committed without weights).
+CARDS = {"llama3_8b_kv": REPO / "models" / "llama3-8b-kv" / "README.md"}
+
+
+def write_results(out: Path, info: dict) -> None:
+    """Presets other than tiny: write the training numbers between the
+    training-results markers of OUT/README.md, which starts as a copy of the
+    preset's card in the repository (a card without the markers is left alone)."""
+    card = out / "README.md"
+    template = CARDS.get(info["preset"])
+    if not card.exists() and template is not None and template.exists():
+        card.write_text(template.read_text())
+    if not card.exists():
+        return
+    text = card.read_text()
+    if RESULTS_BEGIN not in text or RESULTS_END not in text:
+        print(f"{card} has no {RESULTS_BEGIN} marker: training results not written into it")
+        return
+    where = info["gpu"] or f"{info['threads']} CPU threads"
+    stopped = (f", stopped by train loss (EMA) < {info['stop_loss']} of {info['steps_planned']} planned"
+               if info["steps"] < info["steps_planned"] else "")
+    block = f"""{RESULTS_BEGIN}
+Training results (`training_info.json` holds the same numbers):
+
+| | |
+| --- | --- |
+| geometry | {info['layers']} layers, hidden {info['hidden']}, {info['heads']} query heads, {info['kv_heads']} KV heads of {info['head_dim']}, MLP {info['intermediate']}, max {info['max_positions']} positions |
+| parameters, weights | {info['parameters']} ({info['parameters'] / 1e6:.2f} M), {info['weight_bytes']} bytes of {info['dtype']} safetensors |
+| KV cache per token | {info['kv_bytes_per_token']} bytes ({info['dtype']}) |
+| corpus sha256, tokens | `{info['corpus_sha256']}`, {info['corpus_tokens']} |
+| tokenizer | {info['tokenizer']}, {info['vocab_size']} tokens |
+| steps x batch x seq len | {info['steps']} x {info['batch_size']} x {info['seq_len']} (+ `<s>`){stopped} |
+| optimiser | AdamW, lr {info['lr']}, warmup {info['warmup']}, cosine over {info['steps_planned']} steps to {info['min_lr_ratio']} x lr, weight decay {info['weight_decay']} |
+| seed, device, training dtype | {info['seed']}, {info['device']} ({where}), {info['train_dtype']} |
+| final train loss (EMA) / eval loss ({info['dtype']} weights) | {info['final_ema_loss']} / {info['eval_loss']} |
+| training time | {info['train_seconds']} s training, {info['total_seconds']} s in all (torch {info['torch']}) |
+{RESULTS_END}"""
+    text = text[:text.index(RESULTS_BEGIN)] + block + text[text.index(RESULTS_END) + len(RESULTS_END):]
     card.write_text(text)
 
 
