@@ -4,6 +4,8 @@ preemption. Transport faults: each faulted transfer is caught (the request fails
 or is recomputed to the right output, as vLLM's kv_load_failure_policy says), the others match,
 nothing hangs past the transfer timeout."""
 
+import os
+
 import psutil
 import pytest
 
@@ -106,16 +108,33 @@ def test_bit_flips_without_checksums_are_reported_as_missed(results_dir):
     assert all(r["digest_match"] is False and r["error"] is None for r in faulted)
 
 
-def test_a_prefill_worker_dying_mid_transfer_stops_the_run(results_dir):
-    run = run_harness(results_dir / "scenario-sender_dies", "strategy=custom", "strategy.name=dies_mid_send",
-                      "strategy.module=tests.crashing_strategy", "strategy.connector=DiesMidSend",
-                      "sampling.max_tokens=4", "run.request_timeout_s=60")
+@pytest.mark.parametrize("prefill_tp", [1, 2])
+def test_a_prefill_worker_dying_mid_transfer_stops_the_run(results_dir, prefill_tp):
+    """prefill_tp 2: the engine's workers are processes of their own (both die, each on its third
+    transfer), the decode worker joins their heads; the engine must still be seen to die."""
+    run = run_harness(results_dir / f"scenario-sender_dies-tp{prefill_tp}", "strategy=custom",
+                      "strategy.name=dies_mid_send", "strategy.module=tests.crashing_strategy",
+                      "strategy.connector=DiesMidSend", "sampling.max_tokens=4", "run.request_timeout_s=60",
+                      f"engines.prefill={{tensor_parallel_size:{prefill_tp}}}")
     assert run.code == 3, run.stderr[-3000:]
     assert "prefill engine" in run.stderr and "died" in run.stderr
-    assert run.summary["status"] == "engine_failed" and run.summary["timings"]["total_s"] < 120
+    assert run.summary["status"] == "engine_failed" and run.summary["timings"]["total_s"] < 150
     assert len(run.jsonl("baseline.jsonl")) == 4 and len(run.jsonl("requests.jsonl")) == 1
     for pid in run.summary["engine_pids"].values():
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        # nor any of its processes (tensor-parallel workers): each engine leads a process group
+        assert not _alive_in_group(pid)
+
+
+def _alive_in_group(pgid: int) -> list[int]:
+    alive = []
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                alive.append(p.pid)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return alive
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

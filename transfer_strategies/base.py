@@ -30,6 +30,11 @@ each thing:
     self.kv                                  the `KVBlocks` copy engine, for anything else
     self.params                              the strategy's own parameters (strategy.params)
 
+Under tensor parallelism every worker of each engine runs the strategy on the KV heads it holds
+(tp.py); the channel cuts a payload in the KV dtype by head for each decode worker, and joins a
+decode worker's heads from several prefill workers (head_shards.py), so `collect` returns what a
+one-worker engine would get; a payload of another dtype goes whole to each decode worker.
+
 A strategy that streams from inside the forward pass uses vLLM's per-layer hooks itself
 (`save_kv_layer`, `wait_for_layer_load`; see layerwise.py) with `this_step()`, `begin_send(req,
 streaming=True)` / `end_send(req)` and `begin_receive(req)` / `end_receive(req)`, which the
