@@ -111,13 +111,14 @@ def test_bit_flips_without_checksums_are_reported_as_missed(results_dir):
 @pytest.mark.parametrize("prefill_tp", [1, 2])
 def test_a_prefill_worker_dying_mid_transfer_stops_the_run(results_dir, prefill_tp):
     """prefill_tp 2: the engine's workers are processes of their own (both die, each on its third
-    transfer), the decode worker joins their heads; the engine must still be seen to die."""
+    transfer) and the decode worker joins their heads: the harness may see either engine die
+    first (the decode worker's channels close under it), and must stop both."""
     run = run_harness(results_dir / f"scenario-sender_dies-tp{prefill_tp}", "strategy=custom",
                       "strategy.name=dies_mid_send", "strategy.module=tests.crashing_strategy",
                       "strategy.connector=DiesMidSend", "sampling.max_tokens=4", "run.request_timeout_s=60",
                       f"engines.prefill={{tensor_parallel_size:{prefill_tp}}}")
     assert run.code == 3, run.stderr[-3000:]
-    assert "prefill engine" in run.stderr and "died" in run.stderr
+    assert ("prefill engine" if prefill_tp == 1 else "engine") in run.stderr and "died" in run.stderr
     assert run.summary["status"] == "engine_failed" and run.summary["timings"]["total_s"] < 150
     assert len(run.jsonl("baseline.jsonl")) == 4 and len(run.jsonl("requests.jsonl")) == 1
     for pid in run.summary["engine_pids"].values():
