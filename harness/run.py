@@ -310,6 +310,13 @@ class TransferStats:
         self.readers += [TransferRecordReader(compute_path(p), ComputeRecord) for p in paths]
         self.records: dict[tuple[str, str], list[TransferRecord | ComputeRecord]] = {}
 
+    def has_both(self, transfer_id: str) -> bool:
+        """Whether both sides' records of this transfer are in, from every worker (reading what
+        was appended)."""
+        self._read()
+        return all(len({r.rank for r in self.records.get((transfer_id, side), ())}) >= n
+                   for side, n in self.workers.items())
+
     def _read(self) -> None:
         for reader in self.readers:
             for r in reader.read_new():
@@ -332,7 +339,9 @@ class TransferStats:
         found = self.records.pop((transfer_id, side), None)
         if not found:
             return None
-        return merge_ranks(found) if isinstance(found[0], TransferRecord) else found[0]
+        if not isinstance(found[0], TransferRecord):
+            return found[-1]
+        return merge_ranks(list({r.rank: r for r in found}.values()))  # a worker's last record of it
 
 
 def sampling_params(cfg: DictConfig, max_tokens: int, kv_transfer_params: dict | None = None) -> dict:

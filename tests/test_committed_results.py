@@ -64,7 +64,9 @@ def test_requests_load_with_their_key_columns(run):
     assert (df["strategy"] == df["strategy.name"]).all()
     # the reconstructed config is the one these requests ran under
     assert (df["prompt_len"] + df["output_len"] <= df["engine.max_model_len"]).all()
-    cache = df["engine.kv_cache_gib"] * 2**30
+    # kv_cache_gib is per worker (vLLM's kv_cache_memory_bytes); a record's cache, the engine's: every worker's
+    workers = df.get("engines.prefill.tensor_parallel_size", pd.Series(1, index=df.index)).fillna(1)
+    cache = df["engine.kv_cache_gib"] * 2**30 * workers
     assert ((df["kv_cache_bytes"] - cache).abs() <= 0.01 * cache).all()
     assert (df["device.type"].isin([df["device"][0], "auto"])).all()
 
