@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 
+from harness.shm import remove_unmapped, segments_of_group
+
 # Engines leave on os._exit / SIGKILL, so vLLM's semaphores are reclaimed by multiprocessing's
 # resource tracker, which would warn about each one at exit.
 os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.resource_tracker")
@@ -190,6 +192,7 @@ class EngineProcess:
     proc: object = field(init=False)
     startup_s: float = field(init=False, default=float("nan"))
     cudagraph_mode: str | None = field(init=False, default=None)
+    segments: set[str] = field(init=False, default_factory=set)  # /dev/shm files its processes mapped when ready
 
     def __post_init__(self):
         ctx = mp.get_context("spawn")
@@ -242,9 +245,17 @@ class EngineProcess:
                 f"{f' with exit code {code}' if code is not None else ''}; last lines of {self.log_path}:\n{tail}")
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """Stop the engine and everything it started; safe to call more than once."""
+        """Stop the engine and everything it started, and the shared memory its workers leave
+        (harness/shm.py); safe to call more than once."""
         if self.proc.pid is None:
             return
+        segments = self.segments | segments_of_group(self.proc.pid)  # noted at ready too: it may have died
+        try:
+            self._stop_group(grace_s)
+        finally:
+            remove_unmapped(segments)
+
+    def _stop_group(self, grace_s: float) -> None:
         if self.proc.is_alive():
             try:
                 self.conn.send(("stop",))
@@ -297,4 +308,5 @@ def wait_ready(engines: list[EngineProcess], timeout_s: float) -> None:
             if kind == "ready":
                 e.startup_s = info["startup_s"]
                 e.cudagraph_mode = info.get("cudagraph_mode")
+                e.segments = segments_of_group(e.proc.pid)
                 pending.pop(e.name)

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from harness.records import PROJECT_ROOT
 from harness.run import free_port
+from harness.shm import remove_unmapped, segments_of_group
 
 # engine_args keys that are not vllm serve flags, or that serving must not take as they are
 _NOT_FLAGS = {"model", "disable_log_stats"}  # model is positional; stats feed /metrics (KV usage)
@@ -122,28 +123,14 @@ class ServerProcess:
         """SIGTERM to the group (vLLM shuts down cleanly), then SIGKILL until none of it is left:
         the engine core can outlive its API server, also when the server died by itself. Then the
         shared-memory segments its processes had mapped and a killed process could not remove
-        (vLLM's message queues between API server and engine core) are removed."""
+        (vLLM's message queues between API server and engine core) are removed (harness/shm.py)."""
         if self.proc is None:
             return
-        segments = self._shared_memory()
+        segments = segments_of_group(self.proc.pid)
         try:
             self._stop_group(grace_s)
         finally:
-            for path in segments:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-
-    def _shared_memory(self) -> set[str]:
-        """/dev/shm files mapped by any live process of the group."""
-        found = set()
-        pids = subprocess.run(["pgrep", "-g", str(self.proc.pid)], capture_output=True, text=True).stdout.split()
-        for pid in pids:
-            with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as maps:
-                for line in maps:
-                    fields = line.split(maxsplit=5)  # address, perms, offset, device, inode, path
-                    if len(fields) == 6 and fields[5].startswith("/dev/shm/"):
-                        found.add(fields[5].strip().removesuffix(" (deleted)"))
-        return found
+            remove_unmapped(segments)
 
     def _stop_group(self, grace_s: float) -> None:
         if self.proc.poll() is None:

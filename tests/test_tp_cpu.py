@@ -9,6 +9,7 @@ decode worker, and every one of them must see it.
 """
 
 import json
+import os
 
 import pytest
 
@@ -32,9 +33,11 @@ def tp_overrides(p: int, d: int) -> list[str]:
                 ids=lambda c: f"{c[0]}-{c[1]}to{c[2]}")
 def tp_run(request, results_dir, tmp_path_factory):
     strategy, p, d = request.param
+    shm_before = set(os.listdir("/dev/shm"))
     run = harness_on_edge_prompts(results_dir, tmp_path_factory, f"tp-{strategy}-{p}to{d}", f"strategy={strategy}",
                                   *tp_overrides(p, d))
     run.degrees = (p, d)
+    run.shm_left = set(os.listdir("/dev/shm")) - shm_before
     return run
 
 
@@ -56,6 +59,9 @@ def test_every_output_and_every_heads_digest_match(tp_run):
     assert s["transfer_held"]["prefill"] == {"staging_regions": 0}
     assert s["transfer_held"]["decode"] == {"transfers": 0, "parked": 0}
     assert set(s["kv_blocks_in_use"].values()) == {0}
+    # nor in /dev/shm: the CPU build's all-reduce buffers between TP workers (8 MiB each), the
+    # project's staging, semaphores; none is removed by vLLM when the harness kills its engines
+    assert tp_run.shm_left == set()
 
 
 def test_each_worker_digests_its_own_heads_and_together_they_cover_the_model(tp_run):

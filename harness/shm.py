@@ -1,0 +1,44 @@
+"""Named shared memory that a process group leaves in /dev/shm when it is killed.
+
+vLLM's processes create named segments that only their own clean exit removes: the message
+queues between an API server and its engine core, the CPU build's all-reduce buffers between
+TP workers (`vllm_dist_<id>-tp:0-[0-1]-cpushm_<rank>`, 8 MiB each) and Python's multiprocessing
+semaphores (`sem.mp-*`). The harness stops engines by killing their process group, so it removes
+them itself: it notes what the group maps while it runs, and after the group is gone unlinks
+those that no live process maps (a segment both engines share stays while the other one runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from pathlib import Path
+
+SHM = "/dev/shm/"
+
+
+def _mapped_by(pid: str) -> set[str]:
+    found = set()
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as maps:
+        for line in maps:
+            fields = line.split(maxsplit=5)  # address, perms, offset, device, inode, path
+            if len(fields) == 6 and fields[5].startswith(SHM):
+                found.add(fields[5].strip().removesuffix(" (deleted)"))
+    return found
+
+
+def segments_of_group(pgid: int) -> set[str]:
+    """/dev/shm files mapped by any live process of the process group."""
+    pids = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
+    return set().union(*map(_mapped_by, pids))
+
+
+def remove_unmapped(paths: set[str]) -> None:
+    """Unlink those of `paths` that no live process maps any more."""
+    if not paths:
+        return
+    still_mapped = set().union(*(_mapped_by(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()))
+    for path in paths - still_mapped:
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            os.unlink(path)
