@@ -10,7 +10,7 @@ import importlib.util
 import logging
 from pathlib import Path
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from harness.workload import Workload, build_workload
@@ -49,6 +49,10 @@ def resolve_device(cfg: DictConfig) -> str:
             if not 0 <= gpu < torch.cuda.device_count():
                 raise ConfigError(f"device.{engine}_gpu={gpu}, but torch sees {torch.cuda.device_count()} GPU(s) "
                                   f"(indices count the GPUs in CUDA_VISIBLE_DEVICES)")
+            tp = tp_degree(cfg, engine)
+            if isinstance(tp, int) and tp > torch.cuda.device_count():
+                raise ConfigError(f"tensor_parallel_size={tp} on the {engine} engine needs {tp} GPUs, but torch sees "
+                                  f"{torch.cuda.device_count()} (a worker per GPU)")
     return kind
 
 
@@ -59,6 +63,19 @@ NOT_STRATEGY_PARAMS = {"verify": "check.digests", "corrupt": "check.corrupt", "c
                        "staging_mb": "transport.staging_mb", "timeout_s": "run.transfer_timeout_s",
                        "decode_submit": "run.decode_submit",
                        "rendezvous": None, "host": None, "stats_path": None}
+
+
+def engine_overrides(cfg: DictConfig, role: str | None) -> dict:
+    """The vllm.LLM arguments given for one engine on top of `engine`: engine.extra, then
+    engines.<role> (role: baseline, prefill or decode; None: engine.extra only)."""
+    args = OmegaConf.to_container(cfg.engine.extra, resolve=True) if cfg.engine.get("extra") else {}
+    own = cfg.get("engines", {}).get(role) if role else None
+    args.update(OmegaConf.to_container(own, resolve=True) if own else {})
+    return args
+
+
+def tp_degree(cfg: DictConfig, role: str) -> int:
+    return engine_overrides(cfg, role).get("tensor_parallel_size") or 1
 
 
 def check_settings(cfg: DictConfig) -> None:
@@ -116,7 +133,7 @@ def check_parallelism(cfg: DictConfig) -> None:
     heads = model_kv_heads(cfg)
     degrees = {}
     for role in ("baseline", "prefill", "decode"):
-        args = {**(cfg.engine.get("extra") or {}), **(cfg.get("engines", {}).get(role) or {})}
+        args = engine_overrides(cfg, role)
         for key in ("pipeline_parallel_size", "data_parallel_size"):
             if role != "baseline" and (args.get(key) or 1) > 1:
                 raise ConfigError(f"{key}={args[key]} on the {role} engine: this project's strategies move KV between "
@@ -145,8 +162,8 @@ SAME_LAYOUT = {"block_size": "engine.block_size", "dtype": "engine.dtype", "kv_c
 def check_same_layout(cfg: DictConfig) -> None:
     if not cfg.strategy.module:
         return
-    args = {role: {"block_size": cfg.engine.block_size, "dtype": cfg.engine.dtype, **(cfg.engine.get("extra") or {}),
-                   **(cfg.get("engines", {}).get(role) or {})} for role in ("prefill", "decode")}
+    args = {role: {"block_size": cfg.engine.block_size, "dtype": cfg.engine.dtype, **engine_overrides(cfg, role)}
+            for role in ("prefill", "decode")}
     for key, common in SAME_LAYOUT.items():
         p, d = args["prefill"].get(key), args["decode"].get(key)
         if p != d:
@@ -242,6 +259,19 @@ def check_block_size(block_size: int, device: str) -> None:
                           f"e.g. engine.block_size={-(-block_size // 16) * 16}")
 
 
+def check_weights(model: DictConfig) -> None:
+    """A local model directory that is to be loaded (not dummy weights) holds weight files: a model
+    whose weights are made, not committed (models/llama3-8b-kv), says so before any engine starts."""
+    local = Path(str(model.path)).expanduser()
+    if model.load_format == "dummy" or not local.is_dir():
+        return
+    if not any(local.glob("*.safetensors")) and not any(local.glob("*.bin")) and not any(local.glob("*.pt")):
+        readme = local / "README.md"
+        raise ConfigError(f"model directory {local} has no weights (*.safetensors, *.bin)"
+                          + (f": {readme} says how to make them" if readme.is_file() else "")
+                          + "; or model.load_format=dummy for random weights (timing only)")
+
+
 def load_tokenizer(model_path: str):
     local = Path(model_path).expanduser()
     if local.is_dir():
@@ -294,6 +324,7 @@ def checked_inputs(cfg: DictConfig) -> tuple[str, Workload]:
         load_connector(cfg.strategy)
         check_block_size(cfg.engine.block_size, device)
         workload = build_workload(cfg.workload, load_tokenizer(str(cfg.model.path)))
+        check_weights(cfg.model)
     except MissingMandatoryValue as e:
         raise ConfigError(f"{e.full_key} has no value (??? in conf/): give it on the command line, "
                           f"{e.full_key}=...") from None

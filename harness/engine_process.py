@@ -165,11 +165,13 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
                     first_token[out.request_id] = now
                 if out.finished:
                     live.discard(out.request_id)
-                    logprobs = None
+                    logprobs = top_ids = None
                     if comp.logprobs is not None:
                         logprobs = [lp[t].logprob for lp, t in zip(comp.logprobs, comp.token_ids)]
+                        top_ids = [sorted(lp, key=lambda t, lp=lp: lp[t].rank) for lp in comp.logprobs]
                     conn.send(("done", {"req_id": out.request_id, "token_ids": list(comp.token_ids),
-                                        "logprobs": logprobs, "first_token_t": first_token.pop(out.request_id, now),
+                                        "logprobs": logprobs, "top_ids": top_ids,
+                                        "first_token_t": first_token.pop(out.request_id, now),
                                         "finished_t": now, "finish_reason": comp.finish_reason,
                                         "kv_transfer_params": getattr(out, "kv_transfer_params", None)}))
     except BaseException:
@@ -262,12 +264,18 @@ class EngineProcess:
                 self.proc.join(grace_s)
             except (BrokenPipeError, OSError):
                 pass
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.proc.pid, signal.SIGTERM)  # the child leads its own process group
+            self.proc.join(3)
+        # until none of the group is left: its TP workers outlive it by a moment, still mapping
+        # the shared memory that stop() removes once nobody does
+        deadline = time.monotonic() + 10.0
+        while time.monotonic() < deadline:
             try:
-                os.killpg(self.proc.pid, sig)  # the child leads its own process group
+                os.killpg(self.proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 break
-            self.proc.join(3)
+            self.proc.join(0.05)  # reaps the engine process, whose zombie would keep the group alive
         self.proc.join(1)
 
 

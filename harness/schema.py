@@ -31,6 +31,7 @@ class BaselineRow:
     e2e_ms: float
     token_ids: list[int]
     logprobs: list[float] | None
+    top_ids: list[list[int]] | None = None  # each position's top-k token ids, best first (sampling.logprobs = k)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
@@ -51,6 +52,7 @@ class RequestRow:
     match: bool
     first_divergence: int | None
     max_logprob_diff: float | None
+    near_tie: bool | None  # a mismatch at a near tie (harness/compare.py); None: they match, or top-k unknown
     prefill_token_match: bool
     digest_match: bool | None  # None: no digests (vLLM's own connectors, verify off)
     error: str | None  # why the KV was not loaded, or the decode engine failed the request

@@ -229,14 +229,11 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, base: ClientR
     cmp = None
     if ok and base is not None and base.status == "ok":
         cmp = compare_outputs(base.token_ids, r.token_ids, base.logprobs, r.logprobs)
-    send = recv = None
+    send = recv = digest_match = None
     computed = compute_fields(None, None)
     if stats is not None and r.transfer_id:
-        send, recv = stats.take(r.transfer_id, "send"), stats.take(r.transfer_id, "receive")
+        send, recv, digest_match = stats.take_transfer(r.transfer_id)
         computed = compute_fields(stats.take(r.transfer_id, "prefill"), stats.take(r.transfer_id, "decode"))
-    digest_match = None
-    if send is not None and recv is not None and send.digests is not None and recv.digests is not None:
-        digest_match = send.digests == recv.digests
     kv_ms = None
     if send is not None and recv is not None and send.t_forward_done and recv.t_kv_ready:
         kv_ms = (recv.t_kv_ready - send.t_forward_done) * 1e3

@@ -2,11 +2,12 @@
 summary.json status bad_input. (Hydra's own refusals, such as an unknown group choice, exit 1.)"""
 
 import json
+import shutil
 import time
 
 import pytest
 
-from tests.conftest import run_harness, write_token_prompts
+from tests.conftest import ROOT, run_harness, write_token_prompts
 
 # each case is a `python -m harness` process that imports vLLM: seconds each, minutes in all
 pytestmark = pytest.mark.slow
@@ -45,6 +46,20 @@ def test_missing_model_path(tmp_path):
     assert run.code == 2
     assert "does not exist" in run.stderr and "model.path" in run.stderr
     assert time.monotonic() - t0 < 120 and _no_engine_started(run)
+
+
+def test_model_directory_without_weights(tmp_path):
+    """models/llama3-8b-kv commits everything but its weights (made on the GPU machine)."""
+    model = tmp_path / "no-weights"
+    model.mkdir()
+    for f in ("config.json", "tokenizer.json", "tokenizer_config.json", "README.md"):
+        shutil.copy(ROOT / "models" / "llama3-8b-kv" / f, model / f)
+    assert_bad_input(run_harness(tmp_path / "r", "model=llama3_8b_kv", f"model.path={model}"),
+                     f"model directory {model} has no weights", "README.md says how to make them",
+                     "model.load_format=dummy")
+    # its committed config still serves the checks that read it: 8 KV heads
+    assert_bad_input(run_harness(tmp_path / "s", "model=llama3_8b_kv", f"model.path={model}",
+                                 "engines.decode={tensor_parallel_size:3}"), "the model's 8 KV heads")
 
 
 def test_prompt_longer_than_max_model_len(tmp_path):

@@ -17,3 +17,21 @@ def test_divergence_index_and_logprob_window():
 def test_length_mismatch_is_a_divergence():
     c = compare_outputs([1, 2, 3], [1, 2])
     assert not c.match and c.first_divergence == 2 and c.max_logprob_diff is None
+
+
+def test_a_mismatch_at_a_near_tie_is_told_apart():
+    """vLLM's check_logprobs_close: at the first differing token each engine's token is in the
+    other's top-k. The tokens after it do not count (each engine continues its own text)."""
+    base, other = [1, 2, 3, 4], [1, 2, 5, 6]
+    base_top = [[1, 7], [2, 7], [3, 5], [4, 8]]
+    other_top = [[1, 7], [2, 7], [5, 3], [6, 9]]
+    c = compare_outputs(base, other, base_top=base_top, other_top=other_top)
+    assert not c.match and c.first_divergence == 2 and c.near_tie is True
+    # the decode engine's token was not even the baseline's runner-up: not a tie
+    assert compare_outputs(base, [1, 2, 9, 6], base_top=base_top, other_top=[[1], [2], [9, 3], [6]]).near_tie is False
+    # nor when only one side has the other's token
+    assert compare_outputs(base, other, base_top=[[1], [2], [3, 7], [4]], other_top=other_top).near_tie is False
+    # unknown without both sides' top-k, and meaningless for equal outputs or a shorter output
+    assert compare_outputs(base, other).near_tie is None
+    assert compare_outputs(base, base, base_top=base_top, other_top=base_top).near_tie is None
+    assert compare_outputs(base, base[:2], base_top=base_top, other_top=base_top[:2]).near_tie is None

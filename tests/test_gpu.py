@@ -1,11 +1,17 @@
 """On a GPU machine (`bash scripts/gpu_run.sh check` runs this module there): the strategies on
 CUDA with the trained default model, outputs and digests against the colocated baseline, on one
 GPU, across two GPUs where there are two, and with CUDA graphs on (how users deploy vLLM); and
-issue 14's scenarios that touch the CUDA path (pressure, aborts, dropped and truncated KV)."""
+issue 14's scenarios that touch the CUDA path (pressure, aborts, dropped and truncated KV); and
+issue 15's tensor-parallel matrix with the trained Llama-3-8B KV geometry (models/llama3-8b-kv,
+whose weights `bash scripts/gpu_run.sh kvmodel` makes there)."""
+
+import json
 
 import pytest
 
-from tests.conftest import run_harness
+from tests.conftest import ROOT, run_harness
+from tests.test_tp_cpu import worker_records
+from transfer_strategies.tp import heads_of
 
 torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu, pytest.mark.engine,
@@ -70,3 +76,39 @@ def test_scenarios_on_cuda(case, results_dir):
     s = check_passed(run, requests=6)
     if case.startswith("decode_preemption"):
         assert s["decode_preemptions"] >= 1 and s["timings"]["disagg_s"] < 60
+
+
+# Issue 15: every strategy between prefill TP p and decode TP d with trained weights of Llama-3-8B's
+# KV geometry (8 KV heads of 128, 32 layers): each decode worker's heads checked by digest. With
+# two GPUs the prefill engine starts on GPU 0 and the decode engine on GPU 1 (a TP 2 engine takes
+# both); 1 -> 1 runs on one GPU.
+KV_MODEL = ROOT / "models" / "llama3-8b-kv"
+KV_HEADS = json.loads((KV_MODEL / "config.json").read_text())["num_key_value_heads"]
+TP_STRATEGIES = ["fused", "per_request_blocks", "layerwise", "full_cache"]
+TP_DEGREES = [(1, 1), (1, 2), (2, 1), (2, 2)]
+
+
+@pytest.mark.skipif(not any(KV_MODEL.glob("*.safetensors")),
+                    reason="models/llama3-8b-kv has no weights: bash scripts/gpu_run.sh kvmodel makes them")
+@pytest.mark.parametrize("strategy,p,d", [(s, p, d) for p, d in TP_DEGREES for s in TP_STRATEGIES],
+                         ids=lambda v: str(v))
+def test_tp_with_the_trained_8b_kv_geometry(strategy, p, d, results_dir):
+    gpus = torch.cuda.device_count()
+    if max(p, d) > gpus:
+        pytest.skip(f"TP {max(p, d)} needs {max(p, d)} GPUs")
+    # full_cache moves its whole cache per request: one 512-token sequence's worth (128 MiB of KV)
+    cache = ["engine.kv_cache_gib=0.125"] if strategy == "full_cache" else []
+    run = run_harness(results_dir / f"gpu-tp-{strategy}-{p}to{d}", "experiment=gpu_check", "model=llama3_8b_kv",
+                      f"strategy={strategy}", "engine.max_model_len=512", *cache,
+                      f"engines.prefill={{tensor_parallel_size:{p}}}", f"engines.decode={{tensor_parallel_size:{d}}}",
+                      f"device.decode_gpu={1 if gpus > 1 else 0}", device="cuda")
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    # bf16: a near tie may tip either way (harness/compare.py); every KV head must arrive bit for bit
+    assert s["status"] == "ok" and s["requests"] == 6 and s["mismatches"] == s["near_ties"]
+    assert s["digest_checked"] == 6 and s["digest_failures"] == 0 and not s["kv_recomputed"]
+    assert set(s["kv_blocks_in_use"].values()) == {0}
+    for side, tp in (("send", p), ("receive", d)):
+        for rank, records in enumerate(worker_records(run, side, tp)):
+            assert len(records) == 6
+            assert {tuple(r["digests"]) for r in records} == {tuple(str(h) for h in heads_of(rank, tp, KV_HEADS))}

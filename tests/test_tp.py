@@ -11,7 +11,7 @@ import torch
 from transfer_strategies.digests import BlockDigests
 from transfer_strategies.head_shards import HeadJoinReceiver, ShardedSender
 from transfer_strategies.kv_blocks import KVBlocks
-from transfer_strategies.records import CONFLICT, TransferRecord, merge_ranks
+from transfer_strategies.records import CONFLICT, TransferRecord, digests_agree, merge_ranks
 from transfer_strategies.tp import Placement, degree_problem, heads_of, shares
 from transfer_strategies.transport import open_channel, remove_leftovers
 
@@ -90,6 +90,28 @@ def test_records_of_every_worker_merge_into_one_per_side():
     assert merged.load_ms == 3.0 and merged.t_load_start == 4.0 and merged.rank is None
     assert merge_ranks([rec(0, {"0": ["a"]}), rec(1, {"0": ["z"]})]).digests == {"0": [CONFLICT]}
     assert merge_ranks([rec(0, None), rec(1, {"1": ["b"]}, error="late")]).error == "late"
+
+
+def test_digests_agree_per_channel_even_where_prefill_replicas_differ():
+    """Prefill TP 4 over 2 KV heads: workers 0, 1 hold head 0 and 2, 3 head 1, and their copies
+    may differ in the last bits (seen on vLLM's CPU build). Decode TP 2 takes head 0 from worker
+    0 and head 1 from worker 3 (replica q mod 2): those copies are what must arrive."""
+    def rec(side, rank, digests):
+        return TransferRecord("t", side, "Fused", 1, 0, 40, 10, 100, 64, 1, digests=digests, rank=rank)
+    sent = [rec("send", 0, {"0": ["a0"]}), rec("send", 1, {"0": ["a1"]}), rec("send", 2, {"1": ["b2"]}),
+            rec("send", 3, {"1": ["b3"]})]
+    assert [(s.prefill_rank, s.decode_rank) for s in shares(4, 2, 2)] == [(0, 0), (3, 1)]
+    assert digests_agree(sent, [rec("receive", 0, {"0": ["a0"]}), rec("receive", 1, {"1": ["b3"]})], 4, 2)
+    # another replica's copy, a missing head, a missing worker: each fails
+    assert not digests_agree(sent, [rec("receive", 0, {"0": ["a1"]}), rec("receive", 1, {"1": ["b3"]})], 4, 2)
+    assert not digests_agree(sent, [rec("receive", 0, {}), rec("receive", 1, {"1": ["b3"]})], 4, 2)
+    assert not digests_agree(sent, [rec("receive", 1, {"1": ["b3"]})], 4, 2)
+    # 1 -> 4: each head to two decode workers; 2 -> 2 and "all" (no head axis): worker to worker
+    one = [rec("send", 0, {"0": ["a"], "1": ["b"]})]
+    assert digests_agree(one, [rec("receive", q, {str(q // 2): ["ab"[q // 2]]}) for q in range(4)], 1, 4)
+    assert digests_agree([rec("send", r, {"all": [r]}) for r in range(2)],
+                         [rec("receive", r, {"all": [r]}) for r in range(2)], 2, 2)
+    assert digests_agree([rec("send", 0, None)], [rec("receive", 0, {"0": ["a"]})], 1, 1) is None
 
 
 # --------------------------------------------------------------------------- KV cut by heads, joined

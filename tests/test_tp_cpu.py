@@ -4,7 +4,8 @@ output compared with the colocated baseline (TP 1) and every KV head's digests c
 
 The tiny model has 2 KV heads: at TP 2 each worker holds one. 1 -> 2: the prefill worker cuts
 its blocks by head, one head to each decode worker. 2 -> 1: the decode worker joins the two
-prefill workers' heads. 2 -> 2: worker to worker. The negative control damages the KV on every
+prefill workers' heads. 2 -> 2: worker to worker. At TP 4 each head is on two workers (1 -> 4,
+4 -> 2). The negative control damages the KV on every
 decode worker, and every one of them must see it.
 """
 
@@ -29,7 +30,14 @@ def tp_overrides(p: int, d: int) -> list[str]:
     return [f"engines.prefill={{tensor_parallel_size:{p}}}", f"engines.decode={{tensor_parallel_size:{d}}}"]
 
 
-@pytest.fixture(scope="module", params=[(s, p, d) for p, d in DEGREES for s in STRATEGIES],
+# More workers than KV heads, as vLLM replicates them: 1 -> 4 sends each head to two decode
+# workers; at 4 -> 2 two prefill workers hold each head (their copies may differ in the last bits,
+# records.digests_agree) and each decode worker takes its head from one of them. Four workers of
+# an engine on 2 cores: one strategy is enough to show the mapping.
+REPLICATED = [("fused", 1, 4), ("fused", 4, 2)]
+
+
+@pytest.fixture(scope="module", params=[(s, p, d) for p, d in DEGREES for s in STRATEGIES] + REPLICATED,
                 ids=lambda c: f"{c[0]}-{c[1]}to{c[2]}")
 def tp_run(request, results_dir, tmp_path_factory):
     strategy, p, d = request.param

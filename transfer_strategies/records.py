@@ -32,7 +32,8 @@ from pathlib import Path
 #   5: tensor parallelism: a transfer record per worker (rank; ranks above 0 in files of their own,
 #      rank_path), digests per KV head ({global head: [one per block]}; "all" where heads cannot
 #      be told apart), merged per transfer by `merge_ranks`
-SCHEMA_VERSION = 5
+#   6: near ties: baseline rows keep each position's top-k ids (top_ids), request rows near_tie
+SCHEMA_VERSION = 6
 UNVERSIONED = 1  # what a row without schema_version is
 
 
@@ -119,6 +120,30 @@ def merge_ranks(records: list[TransferRecord]) -> TransferRecord:
                 digests[head] = values if digests.get(head, values) == values else [CONFLICT]
         out.digests = dict(sorted(digests.items(), key=lambda kv: (len(kv[0]), kv[0])))
     return out
+
+
+def digests_agree(sent: list[TransferRecord], received: list[TransferRecord], p: int, d: int) -> bool | None:
+    """Whether each decode worker holds, head by head, what the prefill worker that sent it had
+    (tp.shares: who sends which head to whom). Judged per channel, not over an engine's merged
+    records: where the prefill engine replicates a head (more workers than KV heads) its
+    replicas need not be bit for bit equal (vLLM's CPU build at TP 4 with 2 KV heads: they
+    differ in the last bits), and a decode worker must hold exactly its sender's copy. A worker
+    whose record is missing fails it; None: a side without digests."""
+    if not sent or not received or any(r.digests is None for r in sent + received):
+        return None
+    sends = {r.rank or 0: r.digests for r in sent}
+    receives = {r.rank or 0: r.digests for r in received}
+    if set(sends) != set(range(p)) or set(receives) != set(range(d)):
+        return False
+    if p == d:  # worker r to worker r, whatever the digests' keys ("all" where heads are unknown)
+        return all(sends[r] == receives[r] for r in range(p))
+    from transfer_strategies.tp import heads_of, shares  # here: the results loader reads records without torch
+
+    n_heads = len({h for digests in sends.values() for h in digests})
+    if not all(receives[q].keys() == {str(h) for h in heads_of(q, d, n_heads)} for q in range(d)):
+        return False
+    return all(sends[s.prefill_rank].get(str(h)) == receives[s.decode_rank][str(h)]
+               for s in shares(p, d, n_heads) for h in s.heads)
 
 
 @dataclass
