@@ -59,7 +59,9 @@ def test_requests_load_with_their_key_columns(run):
         return
     assert not df[["strategy", "prompt_len", "ttft_ms", "transfer_ms", "bytes", "strategy.name"]].isna().any().any()
     assert set(KEY_COLUMNS) <= set(df.columns)
-    assert df["match"].all() and df["digest_match"].all()
+    # committed runs passed: every output equal to the baseline's, or at a near tie (bf16, from version 6)
+    assert (df["match"] | (df["near_tie"] == True if "near_tie" in df else False)).all()  # noqa: E712 - NaN is not True
+    assert df["digest_match"].all()
     assert (df["schema_version"] == load_runs(run)["schema_version"][0]).all()
     assert (df["strategy"] == df["strategy.name"]).all()
     # the reconstructed config is the one these requests ran under
