@@ -177,3 +177,43 @@ def test_kv_is_cut_by_heads_and_joined_between_degrees(p, d, kind, tmp_path):
         remove_leftovers(list(paths.values()))
     assert got == [(q, True, (1, 2)) for q in range(d)]
     assert all(proc.exitcode == 0 for proc in procs)
+
+
+class _Inbox:
+    """Two prefill workers' parts of one transfer, as the fan-in channel hands them out."""
+
+    inbox = None
+
+    def __init__(self, parts):
+        self.parts = parts
+
+    def wait(self, transfer_id, index=None):
+        return self.parts if index is None else [self.parts[index]]
+
+
+def test_a_damaged_part_is_reported_not_hidden_by_the_join():
+    """2 -> 1: the decode worker joins two prefill workers' heads. A part cut short or flipped in
+    transit is named by check_message on the joined message (the joined bytes would hide it)."""
+    from transfer_strategies.faults import check_message, payload_checksum
+    from transfer_strategies.transport.message import Message, as_bytes
+
+    kv = caches("cpu", range(4))
+
+    def part(slot, payload, **meta):
+        data = as_bytes(payload).clone()
+        meta = {"heads": 2, "nbytes": data.numel(), "checksum": payload_checksum(data), **meta}
+        return Message("t", slot, 2, data, meta, 0.0, 0.0)
+
+    halves = [_payload(range(0, 2)), _payload(range(2, 4))]
+    whole = HeadJoinReceiver(kv, _Inbox([part(0, halves[0]), part(1, halves[1])]), 2).wait("t")[0]
+    assert check_message(whole) is None
+    assert torch.equal(kv.typed(whole.payload).view(2, 3, 4, T, C), _payload(range(4)))
+
+    def joined(parts):
+        return HeadJoinReceiver(kv, _Inbox(parts), 2).wait("t")[0]
+    short = part(1, halves[1])
+    short.payload = short.payload[:-8]
+    assert check_message(joined([part(0, halves[0]), short])).startswith("truncated")
+    flipped = part(0, halves[0])
+    flipped.payload[5] ^= 1
+    assert "checksum differs" in check_message(joined([flipped, part(1, halves[1])]))

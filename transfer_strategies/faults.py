@@ -72,6 +72,8 @@ def header(payload: torch.Tensor, checksums: bool) -> dict:
 
 def check_message(msg: Message) -> str | None:
     """Why a message's payload is not what its sender sent (None: nothing found)."""
+    if msg.meta.get("damage"):  # found in a part before the parts were joined (head_shards.py)
+        return msg.meta["damage"]
     nbytes = msg.meta.get("nbytes")
     got = msg.payload.numel()
     if nbytes is not None and got != nbytes:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from transfer_strategies.faults import payload_checksum
+from transfer_strategies.faults import check_message, payload_checksum
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.tp import Placement
 from transfer_strategies.transport import Message, as_bytes, open_channel
@@ -114,12 +114,12 @@ class HeadJoinReceiver:
     def _join(self, parts: list[Message]) -> Message:
         first = parts[0]
         meta = {k: v for k, v in first.meta.items() if k not in ("heads", "checksum")}
-        if "heads" not in first.meta:  # sent whole to every decode worker: any copy will do
+        damage = next(filter(None, map(check_message, parts)), None)
+        if damage:  # joined, a part's truncation or bit flip would not show: the strategy sees it here
+            meta["damage"] = damage
+        if "heads" not in first.meta or damage:  # whole to every decode worker: any copy will do
             payload = first.payload
         else:
-            for m in parts:
-                if m.meta.get("checksum") is not None and payload_checksum(m.payload) != m.meta["checksum"]:
-                    meta["checksum"] = "differs"  # never a checksum: check_message reports the part's damage
             inner = self.kv.head_inner()
             payload = as_bytes(torch.cat([self.kv.typed(m.payload).view(-1, m.meta["heads"], inner) for m in parts],
                                          dim=1))
