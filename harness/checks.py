@@ -124,8 +124,8 @@ def check_parallelism(cfg: DictConfig) -> None:
     """Tensor parallelism per engine (engine.extra, engines.<role>): this project's connectors
     move each worker's KV heads to the decode workers that hold them (transfer_strategies/tp.py),
     for degrees the model's KV heads allow. Pipeline and data parallelism, and tensor
-    parallelism in serving mode or with injected faults, are not supported by them (vLLM's own
-    connectors take any degree)."""
+    parallelism in serving mode, are not supported by them (vLLM's own connectors take any
+    degree)."""
     from transfer_strategies.tp import degree_problem
 
     if not cfg.strategy.module:
@@ -146,12 +146,9 @@ def check_parallelism(cfg: DictConfig) -> None:
         if problem:
             raise ConfigError(f"{role} engine: {problem} (model {cfg.model.name})")
         degrees[role] = tp
-    if max(degrees["prefill"], degrees["decode"]) > 1:
-        where = ("runner=serve" if cfg.runner.name == "serve"
-                 else "scenario.fault" if cfg.scenario.get("fault") else None)
-        if where:
-            raise ConfigError(f"tensor parallelism (prefill {degrees['prefill']}, decode {degrees['decode']}) with "
-                              f"{where} is not supported yet: use tensor_parallel_size=1 there")
+    if max(degrees["prefill"], degrees["decode"]) > 1 and cfg.runner.name == "serve":
+        raise ConfigError(f"tensor parallelism (prefill {degrees['prefill']}, decode {degrees['decode']}) with "
+                          f"runner=serve is not supported yet: use tensor_parallel_size=1 there")
 
 
 # What the prefill and decode engines' KV blocks must share for this project's strategies, which

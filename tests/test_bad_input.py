@@ -143,7 +143,6 @@ def test_vllm_example_with_a_prompt_under_one_block(tmp_path):
     (["engines.prefill={pipeline_parallel_size:2}"], ["pipeline_parallel_size=2 on the prefill engine"]),
     (["engines.prefill={tensor_parallel_size:2}", "runner=serve"], ["tensor parallelism (prefill 2, decode 1)",
                                                                      "runner=serve"]),
-    (["engines.decode={tensor_parallel_size:2}", "scenario=fault_truncate"], ["scenario.fault"]),
     (["engines.decode={block_size:64}"], ["block_size differs between the prefill engine (32) and the decode engine "
                                           "(64)", "engine.block_size"]),
     (["engines.prefill={dtype:bfloat16}"], ["dtype differs"]),

@@ -14,8 +14,9 @@ import os
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, run_harness
 from tests.test_e2e_cpu import edge_prompts, harness_on_edge_prompts
+from tests.test_scenarios_cpu import check_faults_caught
 from transfer_strategies.records import rank_path
 from transfer_strategies.tp import heads_of
 
@@ -109,3 +110,17 @@ def test_the_negative_control_is_caught_on_every_decode_worker(p, d, results_dir
         for r in damaged:
             first = r["skip_blocks"]
             assert all(r["digests"][h][first] != sent[r["transfer_id"]][h][first] for h in r["digests"])
+
+
+# Transport faults with TP: the prefill workers damage or drop their own messages (every 2nd
+# transfer); every decode worker must see what reaches it, and vLLM's aggregator fail or
+# recompute the request as one. 2 -> 1 joins the parts, 1 -> 2 cuts them, 2 -> 2 waits per worker.
+@pytest.mark.parametrize(("kind", "strategy", "p", "d"), [
+    ("truncate", "fused", 2, 1), ("flip", "fused", 1, 2), ("drop", "layerwise", 2, 2)])
+def test_transport_faults_are_caught_on_every_worker(kind, strategy, p, d, results_dir):
+    shm_before = set(os.listdir("/dev/shm"))
+    run = run_harness(results_dir / f"tp-fault_{kind}-{strategy}-{p}to{d}", f"scenario=fault_{kind}",
+                      f"strategy={strategy}", *tp_overrides(p, d))
+    check_faults_caught(run, kind)
+    assert not any(any(h.values()) for h in run.summary["transfer_held"].values())
+    assert set(os.listdir("/dev/shm")) - shm_before == set()
