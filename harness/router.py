@@ -284,8 +284,11 @@ class Router:
         app.router.add_get("/v1/models", self.models)
 
         async def session(app):
+            # vllm serve closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); aiohttp reuses one for
+            # 15 s, and a request sent on it as the server closes it fails with "Server
+            # disconnected" (seen once in 2P1D on a loaded machine): reuse idle ones for 2 s only
             self.session = aiohttp.ClientSession(timeout=self.timeout,
-                                                 connector=aiohttp.TCPConnector(limit=0, force_close=False))
+                                                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=2))
             yield
             await self.session.close()
         app.cleanup_ctx.append(session)
