@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 
-from harness.shm import remove_unmapped, segments_of_group
+from harness import process_group
 
 # Engines leave on os._exit / SIGKILL, so vLLM's semaphores are reclaimed by multiprocessing's
 # resource tracker, which would warn about each one at exit.
@@ -248,14 +248,15 @@ class EngineProcess:
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop the engine and everything it started, and the shared memory its workers leave
-        (harness/shm.py); safe to call more than once."""
+        (harness/process_group.py); safe to call more than once."""
         if self.proc.pid is None:
             return
-        segments = self.segments | segments_of_group(self.proc.pid)  # noted at ready too: it may have died
+        # noted at ready too: it may have died since
+        segments = self.segments | process_group.segments_of_group(self.proc.pid)
         try:
             self._stop_group(grace_s)
         finally:
-            remove_unmapped(segments)
+            process_group.remove_unmapped(segments)
 
     def _stop_group(self, grace_s: float) -> None:
         if self.proc.is_alive():
@@ -267,15 +268,7 @@ class EngineProcess:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGTERM)  # the child leads its own process group
             self.proc.join(3)
-        # until none of the group is left: its TP workers outlive it by a moment, still mapping
-        # the shared memory that stop() removes once nobody does
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                break
-            self.proc.join(0.05)  # reaps the engine process, whose zombie would keep the group alive
+        process_group.kill(self.proc.pid, lambda: self.proc.join(0))
         self.proc.join(1)
 
 
@@ -316,5 +309,5 @@ def wait_ready(engines: list[EngineProcess], timeout_s: float) -> None:
             if kind == "ready":
                 e.startup_s = info["startup_s"]
                 e.cudagraph_mode = info.get("cudagraph_mode")
-                e.segments = segments_of_group(e.proc.pid)
+                e.segments = process_group.segments_of_group(e.proc.pid)
                 pending.pop(e.name)

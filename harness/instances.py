@@ -27,9 +27,9 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from harness import process_group
 from harness.records import PROJECT_ROOT
 from harness.run import free_port
-from harness.shm import remove_unmapped, segments_of_group
 
 # engine_args keys that are not vllm serve flags, or that serving must not take as they are
 _NOT_FLAGS = {"model", "disable_log_stats"}  # model is positional; stats feed /metrics (KV usage)
@@ -123,14 +123,14 @@ class ServerProcess:
         """SIGTERM to the group (vLLM shuts down cleanly), then SIGKILL until none of it is left:
         the engine core can outlive its API server, also when the server died by itself. Then the
         shared-memory segments its processes had mapped and a killed process could not remove
-        (vLLM's message queues between API server and engine core) are removed (harness/shm.py)."""
+        (vLLM's message queues between API server and engine core) are removed (harness/process_group.py)."""
         if self.proc is None:
             return
-        segments = segments_of_group(self.proc.pid)
+        segments = process_group.segments_of_group(self.proc.pid)
         try:
             self._stop_group(grace_s)
         finally:
-            remove_unmapped(segments)
+            process_group.remove_unmapped(segments)
 
     def _stop_group(self, grace_s: float) -> None:
         if self.proc.poll() is None:
@@ -138,14 +138,7 @@ class ServerProcess:
                 os.killpg(self.proc.pid, signal.SIGTERM)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(grace_s)
-        deadline = time.monotonic() + 10.0
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                return
-            self.proc.poll()  # reaps the server, whose zombie would keep the group alive
-            time.sleep(0.05)
+        process_group.kill(self.proc.pid, self.proc.poll)
 
     def __enter__(self) -> ServerProcess:
         return self.start()

@@ -338,13 +338,10 @@ class TransferStats:
         found = self.records.pop((transfer_id, side), [])
         return list({getattr(r, "rank", 0): r for r in found}.values())
 
-    def take(self, transfer_id: str, side: str, wait_s: float = 1.0) -> TransferRecord | ComputeRecord | None:
-        """One side's record of a transfer (None: the strategy writes none), merged over the
-        engine's workers for the transfer sides."""
-        found = self._take(transfer_id, side, wait_s)
-        if not found:
-            return None
-        return merge_ranks(found) if isinstance(found[0], TransferRecord) else found[0]
+    def take(self, transfer_id: str, side: str) -> ComputeRecord | None:
+        """A scheduler side's compute record ("prefill", "decode"; None: the strategy writes none)."""
+        found = self._take(transfer_id, side, 0.0)
+        return found[0] if found else None
 
     def take_transfer(self, transfer_id: str) -> tuple[TransferRecord | None, TransferRecord | None, bool | None]:
         """Both sides' records, each merged over its engine's workers, and whether the decode

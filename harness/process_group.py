@@ -1,4 +1,7 @@
-"""Named shared memory that a process group leaves in /dev/shm when it is killed.
+"""Stopping a process group (an engine, a vllm serve instance) and what it leaves behind.
+
+The harness kills engines by process group: `kill` until none of it is left. Named shared
+memory is what a killed group leaves in /dev/shm.
 
 vLLM's processes create named segments that only their own clean exit removes: the message
 queues between an API server and its engine core, the CPU build's all-reduce buffers between
@@ -12,7 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 SHM = "/dev/shm/"
@@ -42,3 +48,17 @@ def remove_unmapped(paths: set[str]) -> None:
     for path in paths - still_mapped:
         with contextlib.suppress(FileNotFoundError, PermissionError):
             os.unlink(path)
+
+
+def kill(pgid: int, reap: Callable[[], object], timeout_s: float = 10.0) -> None:
+    """SIGKILL the group until none of it is left (TP workers outlive their engine by a moment,
+    still mapping shared memory); reap: collects the group's leader, our child, whose zombie
+    would keep the group alive."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            return
+        reap()
+        time.sleep(0.05)
