@@ -118,15 +118,24 @@ class ClientResult:
     token_times: list[float] = field(default_factory=list)  # when each output token arrived
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_ids: list[list[int]] = field(default_factory=list)  # each position's top-k token ids, best first
     transfer_id: str | None = None
     status: str = "ok"  # ok | failed | cancelled
     error: str | None = None
 
 
+def top_ids(top_logprobs: dict[str, float] | None) -> list[int]:
+    """One position's top token ids, best first, from the completions API's top_logprobs as
+    return_tokens_as_token_ids writes them ({"token_id:1475": -2.6, ...})."""
+    return [int(t.rsplit(":", 1)[1]) for t, _ in sorted((top_logprobs or {}).items(), key=lambda kv: -kv[1])]
+
+
 async def send_one(session: aiohttp.ClientSession, url: str, model: str, req: ScheduledRequest, max_tokens: int,
-                   request_id: str, t_start: float) -> ClientResult:
+                   request_id: str, t_start: float, logprobs: int = 2) -> ClientResult:
+    """logprobs: top-k per token (k >= 2 tells a near tie from a mismatch, harness/compare.py)."""
     body = {"model": model, "prompt": req.token_ids, "max_tokens": max_tokens, "temperature": 0.0,
-            "ignore_eos": True, "stream": True, "logprobs": 1, "return_token_ids": True}
+            "ignore_eos": True, "stream": True, "logprobs": logprobs, "return_token_ids": True,
+            "return_tokens_as_token_ids": True}
     res = ClientResult(req.index, req.prompt_idx, len(req.token_ids), req.arrival_s, time.monotonic() - t_start)
     t0 = time.monotonic()
     try:
@@ -154,7 +163,9 @@ async def send_one(session: aiohttp.ClientSession, url: str, model: str, req: Sc
                 if not ids:
                     continue
                 res.token_ids += ids
-                res.logprobs += list((choice.get("logprobs") or {}).get("token_logprobs") or [None] * len(ids))
+                lp = choice.get("logprobs") or {}
+                res.logprobs += list(lp.get("token_logprobs") or [None] * len(ids))
+                res.top_ids += [top_ids(t) for t in lp.get("top_logprobs") or [None] * len(ids)]
                 res.token_times += [now - t0] * len(ids)
                 if res.t_first is None:
                     res.t_first = now - t0
@@ -172,7 +183,7 @@ async def send_one(session: aiohttp.ClientSession, url: str, model: str, req: Sc
 
 
 async def send_all(url: str, model: str, schedule: list[ScheduledRequest], *, max_tokens: int,
-                   max_concurrency: int | None, timeout_s: float, id_prefix: str,
+                   max_concurrency: int | None, timeout_s: float, id_prefix: str, logprobs: int = 2,
                    on_result=None, watchdog=None) -> list[ClientResult]:
     """Every request of the schedule, each at its arrival time (later if max_concurrency requests
     are in flight). on_result(result) as each ends; watchdog() is awaited beside the load and
@@ -185,11 +196,12 @@ async def send_all(url: str, model: str, schedule: list[ScheduledRequest], *, ma
         delay = t_start + req.arrival_s - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
+        send = send_one(session, url, model, req, max_tokens, f"{id_prefix}-{req.index}", t_start, logprobs)
         if limit is not None:
             async with limit:
-                res = await send_one(session, url, model, req, max_tokens, f"{id_prefix}-{req.index}", t_start)
+                res = await send
         else:
-            res = await send_one(session, url, model, req, max_tokens, f"{id_prefix}-{req.index}", t_start)
+            res = await send
         results.append(res)
         if on_result is not None:
             on_result(res)

@@ -152,6 +152,7 @@ class ServeRow:
     match: bool | None
     first_divergence: int | None
     max_logprob_diff: float | None
+    near_tie: bool | None  # as in RequestRow (from version 7)
     transfer_id: str | None
     # from the connectors' records (this project's strategies, P/D path only)
     digest_match: bool | None

@@ -228,7 +228,7 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, base: ClientR
                     for value, limit in ((ttft, cfg.slo.ttft_ms), (tpot, cfg.slo.tpot_ms)))
     cmp = None
     if ok and base is not None and base.status == "ok":
-        cmp = compare_outputs(base.token_ids, r.token_ids, base.logprobs, r.logprobs)
+        cmp = compare_outputs(base.token_ids, r.token_ids, base.logprobs, r.logprobs, base.top_ids, r.top_ids)
     send = recv = digest_match = None
     computed = compute_fields(None, None)
     if stats is not None and r.transfer_id:
@@ -244,7 +244,8 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, base: ClientR
         sent_s=r.t_sent, ttft_ms=ttft, prefill_ttft_ms=ms(r.t_prefill_token), decode_ttft_ms=ms(r.t_decode_token),
         tpot_ms=tpot, e2e_ms=e2e, itl_ms=itl, meets_slo=meets,
         match=cmp.match if cmp else None, first_divergence=cmp.first_divergence if cmp else None,
-        max_logprob_diff=cmp.max_logprob_diff if cmp else None, transfer_id=r.transfer_id,
+        max_logprob_diff=cmp.max_logprob_diff if cmp else None, near_tie=cmp.near_tie if cmp else None,
+        transfer_id=r.transfer_id,
         digest_match=digest_match, transfer_error=recv.error if recv else None,
         bytes=send.bytes if send else None,
         transfer_ms=(send.gpu_ms if send and send.gpu_ms is not None else (recv.transfer_ms if recv else None)),
@@ -316,7 +317,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     def load(path: str, url: str, reqs, on_result=None, timeout_s=cfg.run.request_timeout_s):
         return asyncio.run(send_all(url, model, reqs, max_tokens=cfg.sampling.max_tokens,
                                     max_concurrency=spec.max_concurrency, timeout_s=timeout_s,
-                                    id_prefix=f"{tag}-{path}", on_result=on_result,
+                                    id_prefix=f"{tag}-{path}", logprobs=cfg.sampling.logprobs, on_result=on_result,
                                     watchdog=None if deployment.external else deployment.watchdog))
 
     try:

@@ -7,6 +7,7 @@ agrees with the harness's client; `runner=serve` measures the running deployment
 
 from __future__ import annotations
 
+import asyncio
 import json
 import runpy
 import shutil
@@ -14,11 +15,14 @@ import subprocess
 import sys
 import time
 
+import aiohttp
 import httpx
 import numpy as np
 import pytest
 
+from harness.compare import compare_outputs
 from harness.instances import vllm_instance
+from harness.load import ScheduledRequest, send_one
 from harness.run import engine_args, engine_env, free_port, transfer_config
 from tests.conftest import ROOT, run_harness
 from tests.test_serve_cpu import config
@@ -175,6 +179,30 @@ def test_the_prefill_token_streams_first_and_its_duplicate_is_dropped(deployment
         assert kinds.index("prefill-token") < kinds.index("data") and "decode-token" in kinds
         kinds = [e if isinstance(e, str) else "data" for e in plain]
         assert "prefill-token" in kinds and kinds.index("decode-token") < kinds.index("data")
+    assert_no_block_held(d)
+
+
+@pytest.mark.engine
+def test_the_harness_client_reads_each_tokens_top_k_ids(deployment):
+    """runner=serve's client asks for the top-k (sampling.logprobs) as token ids and reads them
+    back, through the router too (the prefill's token first or not), as near ties need: each
+    position's ids best first, the greedy token first, the same on every path (fp32 on the CPU)."""
+    d = deployment
+
+    async def client_results(url):
+        async with aiohttp.ClientSession() as session:
+            return [await send_one(session, url, d["model"], ScheduledRequest(i, i, p, 0.0), MAX_TOKENS,
+                                   f"topk-{url[-5:]}-{i}", time.monotonic(), logprobs=2)
+                    for i, p in enumerate(PROMPTS[:3])]
+    paths = [asyncio.run(client_results(url)) for url in (d["baseline"].url, d["router"], d["router_first"])]
+    for results in paths:
+        for r in results:
+            assert r.status == "ok" and len(r.top_ids) == len(r.token_ids) == MAX_TOKENS, r
+            assert all(len(ids) >= 2 and ids[0] == t for ids, t in zip(r.top_ids, r.token_ids))
+    assert [r.top_ids for r in paths[1]] == [r.top_ids for r in paths[2]] == [r.top_ids for r in paths[0]]
+    base, other = paths[0][0], paths[1][0]
+    tipped = [other.top_ids[0][1], *other.token_ids[1:]]  # as if the decode had taken its second choice
+    assert compare_outputs(base.token_ids, tipped, base_top=base.top_ids, other_top=other.top_ids).near_tie
     assert_no_block_held(d)
 
 

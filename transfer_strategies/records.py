@@ -31,9 +31,10 @@ from pathlib import Path
 #      transfer records carry block_ids and fault
 #   5: tensor parallelism: a transfer record per worker (rank; ranks above 0 in files of their own,
 #      rank_path), digests per KV head ({global head: [one per block]}; "all" where heads cannot
-#      be told apart), merged per transfer by `merge_ranks`
+#      be told apart), merged per transfer by `merge_ranks` (digests judged per channel: digests_agree)
 #   6: near ties: baseline rows keep each position's top-k ids (top_ids), request rows near_tie
-SCHEMA_VERSION = 6
+#   7: runner=serve's rows near_tie too (its summary near_ties)
+SCHEMA_VERSION = 7
 UNVERSIONED = 1  # what a row without schema_version is
 
 
@@ -93,17 +94,16 @@ class TransferRecord(JsonRecord):
 _LATEST = ("send_ms", "gpu_ms", "transfer_ms", "notify_ms", "load_ms", "ready_ms", "digest_ms", "t_forward_done",
            "t_sent", "t_arrived", "t_kv_ready", "t_kv_checked", "t_decode_scheduled")
 _EARLIEST = ("t_admitted", "t_load_start")
-CONFLICT = "ranks disagree"
 
 
 def merge_ranks(records: list[TransferRecord]) -> TransferRecord:
     """One side of one transfer as the engine saw it, from its workers' records (one per rank):
-    the digests of every head any of them holds (a head two workers hold with different bytes
-    gets CONFLICT, which matches nothing), the first error."""
+    bytes and messages summed, the first start and last end, the first error. Digests stay with
+    each worker's record: they are judged channel by channel (digests_agree), not merged."""
     if len(records) == 1:
         return records[0]
     records = sorted(records, key=lambda r: r.rank or 0)
-    out = dataclasses.replace(records[0], rank=None)
+    out = dataclasses.replace(records[0], rank=None, digests=None)
     for name in _LATEST + _EARLIEST:
         values = [getattr(r, name) for r in records if getattr(r, name) is not None]
         setattr(out, name, (max if name in _LATEST else min)(values) if values else None)
@@ -111,14 +111,6 @@ def merge_ranks(records: list[TransferRecord]) -> TransferRecord:
     out.messages = sum(r.messages for r in records)
     out.kv_cache_bytes = sum(r.kv_cache_bytes for r in records)
     out.error = next((r.error for r in records if r.error), None)
-    if any(r.digests is None for r in records):
-        out.digests = None
-    else:
-        digests: dict[str, list[str]] = {}
-        for r in records:
-            for head, values in r.digests.items():
-                digests[head] = values if digests.get(head, values) == values else [CONFLICT]
-        out.digests = dict(sorted(digests.items(), key=lambda kv: (len(kv[0]), kv[0])))
     return out
 
 
