@@ -264,7 +264,7 @@ def check_weights(model: DictConfig) -> None:
         return
     if not any(local.glob("*.safetensors")) and not any(local.glob("*.bin")) and not any(local.glob("*.pt")):
         readme = local / "README.md"
-        raise ConfigError(f"model directory {local} has no weights (*.safetensors, *.bin)"
+        raise ConfigError(f"model directory {local} has no weights (*.safetensors, *.bin, *.pt)"
                           + (f": {readme} says how to make them" if readme.is_file() else "")
                           + "; or model.load_format=dummy for random weights (timing only)")
 
