@@ -112,3 +112,21 @@ def test_tp_with_the_trained_8b_kv_geometry(strategy, p, d, results_dir):
         for rank, records in enumerate(worker_records(run, side, tp)):
             assert len(records) == 6
             assert {tuple(r["digests"]) for r in records} == {tuple(str(h) for h in heads_of(rank, tp, KV_HEADS))}
+
+
+@pytest.mark.skipif(not any(KV_MODEL.glob("*.safetensors")),
+                    reason="models/llama3-8b-kv has no weights: bash scripts/gpu_run.sh kvmodel makes them")
+def test_serving_the_trained_8b_kv_model_under_load_on_one_gpu(results_dir):
+    """runner=serve with trained bf16 weights of the 8B KV geometry, every instance on GPU 0,
+    CUDA graphs on: every request's KV checked by digest, and its output against the baseline's
+    with near ties told apart (the decode instance computes the prompt's last token over loaded
+    KV with another kernel than the colocated instance)."""
+    run = run_harness(results_dir / "gpu-serve-llama3-8b-kv", "runner=serve", "model=llama3_8b_kv", "strategy=fused",
+                      "workload=synthetic", "workload.prompt_len=300", "workload.num_prompts=16",
+                      "engine.max_model_len=512", "engine.kv_cache_gib=2", "engine.gpu_memory_utilization=0.25",
+                      "sampling.max_tokens=32", "serve.num_requests=32", "serve.request_rate=8", device="cuda")
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "ok" and s["ok"] == s["base_ok"] == 32 and s["digest_checked"] == 32
+    assert s["digest_failures"] == 0 and s["transfer_errors"] == 0 and not s["kv_recomputed"]
+    assert s["mismatches"] - s["near_ties"] <= s["baseline_self_mismatches"]
