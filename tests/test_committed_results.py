@@ -57,8 +57,10 @@ def test_requests_load_with_their_key_columns(run):
     assert len(df) == len(lines)
     if not lines:
         return
-    assert not df[["strategy", "prompt_len", "ttft_ms", "transfer_ms", "bytes", "strategy.name"]].isna().any().any()
     assert set(KEY_COLUMNS) <= set(df.columns)
+    if df.get("scenario.name", pd.Series("none", index=df.index)).fillna("none").ne("none").any():
+        return check_scenario_rows(run, df)
+    assert not df[["strategy", "prompt_len", "ttft_ms", "transfer_ms", "bytes", "strategy.name"]].isna().any().any()
     # committed runs passed: every output equal to the baseline's, or at a near tie (bf16, from version 6)
     assert (df["match"] | (df["near_tie"] == True if "near_tie" in df else False)).all()  # noqa: E712 - NaN is not True
     assert df["digest_match"].all()
@@ -73,6 +75,18 @@ def test_requests_load_with_their_key_columns(run):
     assert (df["device.type"].isin([df["device"][0], "auto"])).all()
 
 
+def check_scenario_rows(run: Path, df: pd.DataFrame) -> None:
+    """A scenario (conf/scenario) bends a run on purpose: faults fail or recompute requests,
+    aborts abort them, pressure shrinks a KV pool below engine.kv_cache_gib. Committed, it passed
+    as its scenario demands: every fault caught, every request that was neither aborted nor
+    failed on purpose matching the baseline."""
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["status"] == "ok" and not summary.get("faults_missed")
+    plain = df[df["aborted"].isna() & df["fault"].isna() & df["error"].isna()]
+    assert (plain["match"] | plain["near_tie"].eq(True)).all() and plain["digest_match"].all()
+    assert (df["strategy"] == df["strategy.name"]).all()
+
+
 def check_serve_rows(run: Path, df: pd.DataFrame, lines: list[str]) -> None:
     base_lines = read_jsonl(run / "baseline.jsonl")
     assert len(df) == len(lines) + len(base_lines) and set(df["path"]) <= {"disagg", "baseline", "baseline_repeat"}
@@ -80,7 +94,11 @@ def check_serve_rows(run: Path, df: pd.DataFrame, lines: list[str]) -> None:
     assert not ok[["strategy", "prompt_len", "ttft_ms", "e2e_ms", "tpot_ms", "strategy.name", "request_rate"]]\
         .isna().any().any()
     disagg = ok[ok["path"] == "disagg"]
-    assert disagg["match"].all()
+    # every output equal to the baseline's, or (from version 7) at a near tie, or within the
+    # baseline's own differences under the same load
+    differ = (~disagg["match"].astype(bool) & disagg.get("near_tie", pd.Series(None, index=disagg.index)).ne(True))
+    noise = (~ok[ok["path"] == "baseline_repeat"]["match"].astype(bool)).sum()
+    assert differ.sum() <= noise
     if json.loads((run / "summary.json").read_text()).get("external_endpoints"):  # a deployment it did not start:
         assert disagg["digest_match"].isna().all()  # no transfer records to join
     else:

@@ -143,7 +143,10 @@ class TransferWorker:
         self.channel.flush()
         t_sent = time.monotonic()  # every doorbell rung
         self._sync()
-        self._record(req, "send", send_ms=req.clock.host_ms(), gpu_ms=req.clock.gpu_ms(self.channel.last_written),
+        # nothing of this request written (dropped or withheld by a fault, or nothing to send): the
+        # channel's last event is an earlier transfer's (on the H200 it gave drops -72 ms)
+        gpu_ms = req.clock.gpu_ms(self.channel.last_written) if req.bytes else None
+        self._record(req, "send", send_ms=req.clock.host_ms(), gpu_ms=gpu_ms,
                      t_admitted=req.t_admitted, t_forward_done=t_forward_done, t_sent=t_sent)
 
     # ---------------------------------------------------------------- decode worker
