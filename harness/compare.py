@@ -42,6 +42,7 @@ def compare_outputs(base_ids: list[int], other_ids: list[int],
         diffs = [abs(a - b) for a, b in zip(base_lp[:upto], other_lp[:upto])]
         diff = max(diffs) if diffs else 0.0
     near_tie = None
-    if first is not None and first < n and base_top and other_top and first < min(len(base_top), len(other_top)):
+    if (first is not None and first < n and base_top and other_top and first < min(len(base_top), len(other_top))
+            and base_top[first] and other_top[first]):  # an empty top-k: unknown there
         near_tie = base_ids[first] in other_top[first] and other_ids[first] in base_top[first]
     return Comparison(first is None, first, diff, near_tie)

@@ -126,8 +126,12 @@ class ClientResult:
 
 def top_ids(top_logprobs: dict[str, float] | None) -> list[int]:
     """One position's top token ids, best first, from the completions API's top_logprobs as
-    return_tokens_as_token_ids writes them ({"token_id:1475": -2.6, ...})."""
-    return [int(t.rsplit(":", 1)[1]) for t, _ in sorted((top_logprobs or {}).items(), key=lambda kv: -kv[1])]
+    vLLM's return_tokens_as_token_ids writes them ({"token_id:1475": -2.6, ...}); empty (top-k
+    unknown: no near tie told) from a server that wrote token strings instead."""
+    ranked = sorted((top_logprobs or {}).items(), key=lambda kv: -kv[1])
+    if not all(t.startswith("token_id:") for t, _ in ranked):
+        return []
+    return [int(t.removeprefix("token_id:")) for t, _ in ranked]
 
 
 async def send_one(session: aiohttp.ClientSession, url: str, model: str, req: ScheduledRequest, max_tokens: int,
@@ -196,12 +200,8 @@ async def send_all(url: str, model: str, schedule: list[ScheduledRequest], *, ma
         delay = t_start + req.arrival_s - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        send = send_one(session, url, model, req, max_tokens, f"{id_prefix}-{req.index}", t_start, logprobs)
-        if limit is not None:
-            async with limit:
-                res = await send
-        else:
-            res = await send
+        async with limit or contextlib.nullcontext():
+            res = await send_one(session, url, model, req, max_tokens, f"{id_prefix}-{req.index}", t_start, logprobs)
         results.append(res)
         if on_result is not None:
             on_result(res)

@@ -30,12 +30,12 @@ from harness.records import (
     format_table,
     run_summary,
     summarize,
-    unexplained_recomputes,
     versions,
     write_json,
 )
 from harness.schema import CRITICAL_PATH, OVERHEAD_PARTS, BaselineRow, RequestRow
 from harness.tracking import make_tracker
+from harness.verdict import judge
 from harness.workload import Prompt, Workload, WorkloadError
 from transfer_strategies.records import (
     ComputeRecord,
@@ -652,24 +652,12 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         # have been caught; aborts: nothing they held may stay held, checked below)
         provoked = [r for r in rows if r.get("fault") or r.get("aborted")]
         judged = summarize([r for r in rows if r not in provoked]) if provoked else summary
-        if judged.get("transfer_errors"):
-            first = next(r["error"] for r in rows if r.get("error") and not r.get("fault"))
-            status, code, error = "transfer_failed", 1, f"{judged['transfer_errors']} transfer(s) failed: {first}"
-        elif judged.get("digest_failures") or (judged.get("mismatches", 0) - judged.get("near_ties", 0)
-                                               > (summary["baseline_self_mismatches"] or 0)):
-            # greedy decoding's own noise: a mismatch is the transfer's only beyond the baseline's
-            # with itself, and not at a near tie (harness/compare.py)
-            status, code = "mismatch", 1
-        elif unexplained_recomputes(judged) and not cfg.scenario.expect_recompute:
-            status, code, error = "kv_recomputed", 1, (
-                f"{unexplained_recomputes(judged)} request(s) recomputed their prompt on the decode engine "
-                f"instead of using the KV they were sent (not preempted; see kv_recomputed in requests.jsonl)")
-        elif summary.get("faults_missed"):
-            status, code, error = "fault_missed", 1, (
-                f"{summary['faults_missed']} of {summary['faults_injected']} injected transport faults went unseen: "
-                f"neither failed nor recomputed by the decode engine (see fault in requests.jsonl)")
-        elif leaked:
-            status, code, error = "kv_leak", 1, f"KV or transfers still held after every request finished: {leaked}"
+        first = next((r["error"] for r in rows if r.get("error") and not r.get("fault")), None)
+        status, error = judge(judged, noise=summary["baseline_self_mismatches"] or 0,
+                              expect_recompute=cfg.scenario.expect_recompute, first_transfer_error=first,
+                              faults=(summary.get("faults_missed") or 0, summary.get("faults_injected") or 0),
+                              held=leaked)
+        code = 0 if status == "ok" else 1
         summary.update(status=status, error=error)
         if error:
             print(f"error: {error}", file=sys.stderr)

@@ -13,7 +13,7 @@ greedy decoding's own noise under this load); a mismatch fails the run only when
 has more mismatches than the baseline has with itself, not counting near ties (harness/compare.py).
 Digest failures, transfer errors and KV left held fail it always, as does a request that failed
 for any reason but its time limit (run.request_timeout_s: a timed-out request is counted,
-`timed_out`, and misses the SLOs).
+`timed_out`, and misses the SLOs). The status follows the offline runner's rules (harness/verdict.py).
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from harness.load import TIMED_OUT
-from harness.records import read_jsonl, recompute_counts, unexplained_recomputes
+from harness.records import read_jsonl, recompute_counts
 from harness.schema import SCHEMA_VERSION
 from harness.stats import Column, format_table, format_value, p50_with_interval, percentile
+from harness.verdict import judge
 
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
@@ -103,30 +104,15 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
     out["timings"] = timings
     code = {"ok": 0, "engine_failed": 3, "interrupted": 130}.get(status, 1)
     if status == "ok":
-        noise = out["baseline_self_mismatches"] if repeat else 0
-        if out["digest_failures"] or out["transfer_errors"]:
-            status, code = "transfer_failed", 1
-            error = f"{out['digest_failures']} digest failure(s), {out['transfer_errors']} transfer error(s)"
-        elif out["mismatches"] - out["near_ties"] > noise:
-            status, code = "mismatch", 1
-            error = (f"{out['mismatches'] - out['near_ties']} of {len(compared)} P/D outputs differ from the "
-                     f"baseline's (besides {out['near_ties']} at a near tie); the baseline differs from itself "
-                     f"under the same load in {noise}")
-            if checked and not out["digest_failures"]:
-                error += ("; every KV block arrived intact (digests match): the decode engine used the KV wrongly "
-                          "or before it had arrived")
-        elif unexplained_recomputes(out) and not cfg.get("scenario", {}).get("expect_recompute"):
-            status, code = "kv_recomputed", 1
-            error = (f"{unexplained_recomputes(out)} request(s) recomputed their prompt on the decode instance "
-                     f"instead of using the KV they were sent (not preempted)")
-        elif any(kv_usage.values()):
-            status, code = "kv_leak", 1
-            error = f"KV cache still in use after every request ended: {kv_usage}"
-        elif broken := [r for r in base_rows + disagg if r["status"] == "failed" and r["error"] != TIMED_OUT]:
-            # a timeout is a latency outcome (it counts against the SLOs); any other failure is a fault
-            status, code = "requests_failed", 1
-            error = f"{len(broken)} request(s) failed, e.g. {broken[0]['path']} #{broken[0]['request_idx']}: " \
-                    f"{broken[0]['error']}"
+        broken = [r for r in base_rows + disagg if r["status"] == "failed" and r["error"] != TIMED_OUT]
+        # a timeout is a latency outcome (it counts against the SLOs); any other failure is a fault
+        status, error = judge(out, noise=out["baseline_self_mismatches"] if repeat else 0,
+                              expect_recompute=bool(cfg.get("scenario", {}).get("expect_recompute")),
+                              first_transfer_error=next((r["transfer_error"] for r in kept if r["transfer_error"]),
+                                                        None),
+                              held={n: u for n, u in kv_usage.items() if u},
+                              failed_requests=[f"{r['path']} #{r['request_idx']}: {r['error']}" for r in broken])
+        code = 0 if status == "ok" else 1
     out.update(status=status, error=error, exit_code=code)
     return out
 

@@ -1,0 +1,53 @@
+"""A finished run's status from what it counted: the same rules, in the same order, for both
+runners (harness/run.py offline, harness/serve_summary.py for runner=serve), so that a status
+means one thing whichever runner wrote it. The first rule that holds decides:
+
+    transfer_failed  a request's KV was not loaded (a transfer error)
+    mismatch         a block's digests differ, or more outputs differ from the baseline's than
+                     the baseline's own second pass differs from its first (greedy decoding's
+                     noise), near ties not counted (harness/compare.py)
+    kv_recomputed    a decode engine computed a prompt it was sent, not preempted (unless the
+                     scenario expects it)
+    fault_missed     an injected transport fault went unseen (scenarios)
+    kv_leak          KV blocks or transfers still held after every request ended
+    requests_failed  a request failed other than by its time limit (runner=serve)
+"""
+
+from __future__ import annotations
+
+from harness.records import unexplained_recomputes
+
+
+def judge(counts: dict, *, noise: int, expect_recompute: bool = False, first_transfer_error: str | None = None,
+          faults: tuple[int, int] = (0, 0), held: dict | None = None,
+          failed_requests: list[str] | None = None) -> tuple[str, str | None]:
+    """(status, the one-line reason or None when ok). counts: the summary's transfer_errors,
+    digest_failures, digest_checked, mismatches, near_ties, kv_recomputed(_preempted); noise: the
+    baseline's mismatches with itself; faults: (missed, injected); held: what is still held, by
+    engine (only what is non-empty); failed_requests: a line per request that failed."""
+    if counts.get("transfer_errors"):
+        return "transfer_failed", (f"{counts['transfer_errors']} transfer(s) failed"
+                                   + (f": {first_transfer_error}" if first_transfer_error else ""))
+    differ = (counts.get("mismatches") or 0) - (counts.get("near_ties") or 0)
+    if counts.get("digest_failures"):
+        return "mismatch", (f"{counts['digest_failures']} of {counts.get('digest_checked')} transfers arrived with "
+                            f"KV blocks whose digests differ from the sender's; {differ} output(s) differ")
+    if differ > noise:
+        near = counts.get("near_ties") or 0
+        return "mismatch", (f"{differ} output(s) differ from the baseline's" + (f" (besides {near} at a near tie)"
+                            if near else "") + f"; the baseline differs from itself in {noise}"
+                            + ("; every KV block arrived intact (digests match): the decode engine used the KV "
+                               "wrongly or before it had arrived" if counts.get("digest_checked") else ""))
+    if unexplained_recomputes(counts) and not expect_recompute:
+        return "kv_recomputed", (f"{unexplained_recomputes(counts)} request(s) recomputed their prompt on the decode "
+                                 f"engine instead of using the KV they were sent (not preempted; see kv_recomputed "
+                                 f"in requests.jsonl)")
+    missed, injected = faults
+    if missed:
+        return "fault_missed", (f"{missed} of {injected} injected transport faults went unseen: neither failed nor "
+                                f"recomputed by the decode engine (see fault in requests.jsonl)")
+    if held:
+        return "kv_leak", f"KV or transfers still held after every request finished: {held}"
+    if failed_requests:
+        return "requests_failed", f"{len(failed_requests)} request(s) failed, e.g. {failed_requests[0]}"
+    return "ok", None

@@ -1,0 +1,38 @@
+"""One set of rules decides a run's status for both runners (harness/verdict.py)."""
+
+from harness.verdict import judge
+from tests.test_schema import _serve_rows, _serve_summary
+
+CLEAN = {"transfer_errors": 0, "digest_failures": 0, "digest_checked": 4, "mismatches": 0, "near_ties": 0,
+         "kv_recomputed": 0, "kv_recomputed_preempted": 0}
+
+
+def test_each_failure_has_its_status_and_the_first_that_holds_decides():
+    assert judge(CLEAN, noise=0) == ("ok", None)
+    cases = [({"transfer_errors": 1}, "transfer_failed"), ({"digest_failures": 1}, "mismatch"),
+             ({"mismatches": 2, "near_ties": 1}, "mismatch"), ({"kv_recomputed": 1}, "kv_recomputed")]
+    for change, status in cases:
+        assert judge({**CLEAN, **change}, noise=0)[0] == status, change
+    assert judge(CLEAN, noise=0, faults=(1, 3))[0] == "fault_missed"
+    assert judge(CLEAN, noise=0, held={"decode": 2})[0] == "kv_leak"
+    assert judge(CLEAN, noise=0, failed_requests=["disagg #3: HTTP 500"])[0] == "requests_failed"
+    # earlier rules win: a transfer error explains the digests and outputs it spoilt
+    everything = {**CLEAN, "transfer_errors": 1, "digest_failures": 1, "mismatches": 3, "kv_recomputed": 1}
+    status, error = judge(everything, noise=0, first_transfer_error="no KV arrived", held={"decode": 1})
+    assert status == "transfer_failed" and error == "1 transfer(s) failed: no KV arrived"
+
+
+def test_noise_near_ties_and_expected_recomputes_are_not_failures():
+    assert judge({**CLEAN, "mismatches": 2}, noise=2)[0] == "ok"  # the baseline differs from itself as often
+    assert judge({**CLEAN, "mismatches": 3, "near_ties": 1}, noise=2)[0] == "ok"
+    assert judge({**CLEAN, "kv_recomputed": 2, "kv_recomputed_preempted": 2}, noise=0)[0] == "ok"
+    assert judge({**CLEAN, "kv_recomputed": 1}, noise=0, expect_recompute=True)[0] == "ok"
+    status, error = judge({**CLEAN, "mismatches": 1}, noise=0)
+    assert status == "mismatch" and "digests match" in error  # the KV came whole: the decode used it wrongly
+
+
+def test_serving_reports_a_digest_failure_as_a_mismatch_as_offline_runs_do():
+    rows = _serve_rows()
+    rows[0].update(digest_match=False)
+    s = _serve_summary(rows)
+    assert s["status"] == "mismatch" and s["exit_code"] == 1 and s["error"].startswith("1 of 3 transfers")
