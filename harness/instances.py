@@ -136,8 +136,11 @@ class ServerProcess:
         if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            try:
                 self.proc.wait(grace_s)
+                process_group.wait_gone(self.proc.pid, timeout_s=3.0)  # its resource tracker's cleanup
+            except subprocess.TimeoutExpired:
+                pass
         process_group.kill(self.proc.pid, self.proc.poll)
 
     def __enter__(self) -> ServerProcess:

@@ -9,6 +9,10 @@ TP workers (`vllm_dist_<id>-tp:0-[0-1]-cpushm_<rank>`, 8 MiB each) and Python's 
 semaphores (`sem.mp-*`). The harness stops engines by killing their process group, so it removes
 them itself: it notes what the group maps while it runs, and after the group is gone unlinks
 those that no live process maps (a segment both engines share stays while the other one runs).
+A semaphore that vLLM's processes opened and closed again is mapped by none of them when they
+are killed: left to Python's resource tracker, which dies with the group. A run that starts
+servers removes the sem.mp-* files that appeared while they ran and that no live process maps
+once they are stopped (a live creator maps its semaphore for as long as it may hand it on).
 """
 
 from __future__ import annotations
@@ -40,6 +44,11 @@ def segments_of_group(pgid: int) -> set[str]:
     return set().union(*map(_mapped_by, pids))
 
 
+def semaphores() -> set[str]:
+    """Python's multiprocessing semaphores in /dev/shm (sem.mp-*)."""
+    return {SHM + name for name in os.listdir(SHM) if name.startswith("sem.mp-")}
+
+
 def remove_unmapped(paths: set[str]) -> None:
     """Unlink those of `paths` that no live process maps any more."""
     if not paths:
@@ -48,6 +57,18 @@ def remove_unmapped(paths: set[str]) -> None:
     for path in paths - still_mapped:
         with contextlib.suppress(FileNotFoundError, PermissionError):
             os.unlink(path)
+
+
+def wait_gone(pgid: int, timeout_s: float) -> bool:
+    """Whether the group empties by itself within timeout_s: after a clean exit of its leader,
+    Python's multiprocessing resource tracker unlinks the semaphores (sem.mp-*) left to it, then
+    exits; killed, it leaves them, and no process maps them for remove_unmapped to find."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def kill(pgid: int, reap: Callable[[], object], timeout_s: float = 10.0) -> None:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness import process_group
 from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.compare import compare_outputs
 from harness.instances import InstanceDied, ServerProcess, router_process, vllm_instance
@@ -113,6 +114,7 @@ class Deployment:
     def __init__(self, cfg: DictConfig, device: str, run_dir: Path):
         self.cfg, self.run_dir = cfg, run_dir
         self.servers: dict[str, ServerProcess] = {}
+        self.semaphores_before = process_group.semaphores()
         s = cfg.serve
         self.baseline_names = instance_names("baseline", s.baseline_instances)
         self.prefill_names = instance_names("prefill", s.prefill_instances)
@@ -205,6 +207,7 @@ class Deployment:
             s.stop(grace_s)
         if not self.external:
             remove_leftovers(self.rendezvous)
+            process_group.remove_unmapped(process_group.semaphores() - self.semaphores_before)
 
 
 def served_model(cfg: DictConfig) -> str:
