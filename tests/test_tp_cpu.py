@@ -119,8 +119,11 @@ def test_the_negative_control_is_caught_on_every_decode_worker(p, d, results_dir
     ("truncate", "fused", 2, 1), ("flip", "fused", 1, 2), ("drop", "layerwise", 2, 2)])
 def test_transport_faults_are_caught_on_every_worker(kind, strategy, p, d, results_dir):
     shm_before = set(os.listdir("/dev/shm"))
+    # six processes on two cores: a prefill forward can take seconds, and an undamaged transfer
+    # must not miss the drop scenario's 5 s wait (seen once in a fresh-clone run: a correct one missed it)
+    wait = ["run.transfer_timeout_s=20"] if kind == "drop" else []
     run = run_harness(results_dir / f"tp-fault_{kind}-{strategy}-{p}to{d}", f"scenario=fault_{kind}",
-                      f"strategy={strategy}", *tp_overrides(p, d))
+                      f"strategy={strategy}", *tp_overrides(p, d), *wait)
     check_faults_caught(run, kind)
     assert not any(any(h.values()) for h in run.summary["transfer_held"].values())
     assert set(os.listdir("/dev/shm")) - shm_before == set()
