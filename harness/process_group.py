@@ -38,10 +38,14 @@ def _mapped_by(pid: str) -> set[str]:
     return found
 
 
+def _members(pgid: int) -> list[str]:
+    """The live processes of the group (their pids)."""
+    return subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
+
+
 def segments_of_group(pgid: int) -> set[str]:
     """/dev/shm files mapped by any live process of the process group."""
-    pids = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
-    return set().union(*map(_mapped_by, pids))
+    return set().union(*map(_mapped_by, _members(pgid)))
 
 
 def semaphores() -> set[str]:
@@ -65,7 +69,7 @@ def wait_gone(pgid: int, timeout_s: float) -> bool:
     exits; killed, it leaves them, and no process maps them for remove_unmapped to find."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split():
+        if not _members(pgid):
             return True
         time.sleep(0.05)
     return False
