@@ -5,7 +5,9 @@ One harness run per strategy (a module fixture) serves every test of that strate
 prompts cover the edge cases real connectors break on: shorter than one block, exactly one
 block, one token past a block, a long prompt, two prompts sharing a two-block prefix (the
 second arrives after the first has finished, so both engines' prefix caches hit), and
-several requests in flight at once.
+several requests in flight at once, and two prompts extending an earlier one that ended on a
+block boundary (the decode engine computed that block's last slot itself and cached it: the
+transfers must not be judged on it).
 """
 
 import json
@@ -29,11 +31,16 @@ def edge_prompts(block: int = BLOCK) -> list[list[int]]:
     rng = random.Random(1)
     tok = lambda n: [rng.randrange(10, 3400) for _ in range(n)]  # noqa: E731
     prefix = tok(2 * block)
-    return [tok(1), tok(5), prefix + tok(9), tok(block), tok(block + 1), tok(block - 1), tok(150),
-            tok(2 * block + 1), prefix + tok(7)]
+    prompts = [tok(1), tok(5), prefix + tok(9), tok(block), tok(block + 1), tok(block - 1), tok(150),
+               tok(2 * block + 1), prefix + tok(7)]
+    one_block = prompts[EXTENDED[0]]
+    return prompts + [one_block + tok(block), one_block + tok(block + 1)]
 
 
 SHARED_PREFIX = (2, 8)  # indices of the two prompts that share a prefix
+# a one-block prompt, then two that extend it (exactly two blocks, and one token more), late
+# enough that it has finished: the decode engine takes its block from its own prefix cache
+EXTENDED = (3, 9, 10)
 
 CASES = {
     "fused": ["strategy=fused"],
@@ -47,7 +54,7 @@ CASES = {
     # the hand-off: the decode request goes once the prefill engine has answered
     "fused-after_prefill": ["strategy=fused", "run.decode_submit=after_prefill"],
     # every prompt in flight at once: all decode requests parked together
-    "layerwise-all_in_flight": ["strategy=layerwise", "workload.concurrency=9"],
+    "layerwise-all_in_flight": ["strategy=layerwise", "workload.concurrency=11"],
 }
 
 
@@ -57,12 +64,13 @@ def expected_messages(case: str, blocks: int) -> int | None:
             "per_request_blocks-per_block-bs64": max(N_LAYERS * blocks, 1), "custom-two_halves": 2}.get(case)
 
 
-def harness_on_edge_prompts(results_dir, tmp_path_factory, name: str, *overrides: str, env: dict | None = None):
+def harness_on_edge_prompts(results_dir, tmp_path_factory, name: str, *overrides: str, env: dict | None = None,
+                            device: str = "cpu"):
     block = 64 if "engine.block_size=64" in overrides else BLOCK
     prompts = write_token_prompts(tmp_path_factory.mktemp(name) / "prompts.jsonl", edge_prompts(block))
     return run_harness(results_dir / f"e2e-{name}", "workload=jsonl", f"workload.path={prompts}",
                        "workload.concurrency=3", "engine.max_model_len=512", "sampling.max_tokens=8", *overrides,
-                       env=env)
+                       env=env, device=device)
 
 
 @pytest.fixture(scope="module", params=list(CASES))
@@ -94,8 +102,10 @@ def test_the_decode_engine_used_the_kv_it_was_sent(strategy_run):
 
 
 def test_every_transfer_is_bit_identical(strategy_run):
+    """Judged on the blocks each transfer wrote: a one-token prompt sends none (nothing to judge)."""
     rows = strategy_run.jsonl("requests.jsonl")
-    assert [r["digest_match"] for r in rows] == [True] * len(rows)
+    assert [r["digest_match"] for r in rows] == [True if r["blocks"] > r["skip_blocks"] else None for r in rows]
+    assert sum(r["blocks"] > r["skip_blocks"] for r in rows) >= len(rows) - 1
     assert strategy_run.summary["digest_failures"] == 0
 
 
@@ -159,8 +169,8 @@ def test_the_ttft_overhead_parts_add_up_to_the_measured_overhead(strategy_run):
     timed = [r for r in rows if r["overhead_decode_ms"] is not None]
     assert len(timed) >= len(rows) - 1  # the one-token prompt may be all in the decode cache
     for r in timed:
-        parts = sum(r[k] for k in OVERHEAD_PARTS)
-        assert abs(parts - r["ttft_overhead_ms"]) <= 0.05 * abs(r["ttft_overhead_ms"]) + 1e-6
+        parts = sum(r[k] for k in OVERHEAD_PARTS)  # by construction, whatever the order of events
+        assert abs(parts - r["ttft_overhead_ms"]) <= 1e-6 * abs(r["ttft_overhead_ms"]) + 1e-6
         assert all(r[k] >= 0 for k in OVERHEAD_PARTS if k != "overhead_prefill_ms")
     s = strategy_run.summary
     assert abs(sum(s["overhead_parts_mean_ms"].values()) - s["overhead_mean_ms"]) < 1e-6
@@ -174,6 +184,10 @@ def test_prefix_cache_hits_on_decode_side(strategy_run):
     first, second = SHARED_PREFIX
     assert rows[first]["skip_blocks"] == 0
     assert rows[second]["skip_blocks"] >= 1 and rows[second]["digest_match"] is True
+    one_block, *extending = EXTENDED
+    assert rows[one_block]["skip_blocks"] == 0
+    for i in extending:  # the decode engine's own block (its last slot computed there) is not judged
+        assert rows[i]["skip_blocks"] >= 1 and rows[i]["digest_match"] is True
 
 
 def test_run_directory_has_config_versions_and_summary(strategy_run):

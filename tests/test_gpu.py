@@ -48,6 +48,23 @@ def test_outputs_and_digests_match_the_baseline_on_cuda(case, results_dir):
     assert abs(sum(s["overhead_parts_mean_ms"].values()) - s["overhead_mean_ms"]) < 1e-6
 
 
+@pytest.mark.parametrize("strategy", ["fused", "layerwise"])
+def test_prompts_extending_one_that_ended_on_a_block_boundary_on_cuda(strategy, results_dir, tmp_path_factory):
+    """The edge-case prompts (tests/test_e2e_cpu.py) with CUDA graphs and the prefix cache on, 4 in
+    flight: two prompts extend a one-block prompt whose last slot the decode engine computed
+    itself, in other bits than the prefill's on a GPU. Every strategy failed its digests here
+    while every output matched: only the blocks a transfer wrote are judged now."""
+    from tests.test_e2e_cpu import EXTENDED, edge_prompts, harness_on_edge_prompts
+
+    run = harness_on_edge_prompts(results_dir, tmp_path_factory, f"gpu-extended-{strategy}",
+                                  f"strategy={strategy}", "workload.concurrency=4", device="cuda")
+    assert run.code == 0, run.stderr[-3000:]
+    s, rows = run.summary, {r["prompt_idx"]: r for r in run.jsonl("requests.jsonl")}
+    assert s["status"] == "ok" and s["requests"] == len(edge_prompts()) and s["digest_failures"] == 0
+    assert s["digest_checked"] == sum(r["blocks"] > r["skip_blocks"] for r in rows.values())
+    assert all(rows[i]["skip_blocks"] >= 1 and rows[i]["digest_match"] for i in EXTENDED[1:])
+
+
 # Issue 14's scenarios that touch the CUDA path: pressure, and transfers dropped or truncated
 SCENARIOS = {
     "decode_preemption-fused": ["scenario=decode_preemption", "strategy=fused"],

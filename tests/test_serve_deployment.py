@@ -144,7 +144,11 @@ def test_the_router_answers_as_a_colocated_instance_with_every_transfer_checked(
     # checked when it comes, though the idle engine does not step again
     assert received["again-2"]["skip_blocks"] == received["again-2"]["blocks"] == 3
     assert set(received) == set(sent)
-    assert all(sent[t]["digests"] == received[t]["digests"] and received[t]["error"] is None for t in received)
+    assert all(received[t]["error"] is None for t in received)
+    # judged on the blocks each transfer wrote: past the decode engine's own prefix-cache hits
+    assert all({h: d[received[t]["skip_blocks"]:] for h, d in sent[t]["digests"].items()} == received[t]["digests"]
+               for t in received)
+    assert received["again-2"]["digests"] == {h: [] for h in sent["again-2"]["digests"]}
     assert_no_block_held(d)
 
 

@@ -62,7 +62,10 @@ def test_every_output_and_every_heads_digest_match(tp_run):
     s = tp_run.summary
     n = len(edge_prompts())
     assert s["status"] == "ok" and s["requests"] == n and s["match_rate"] == 1.0
-    assert s["digest_checked"] == n and s["digest_failures"] == 0 and s["transfer_errors"] == 0
+    # every transfer that wrote a block judged (the one-token prompt's wrote none), its
+    # decode-side prefix-cache hits not: at 2 -> 1 the decode engine's own token in a cached block
+    # differs from the prefill's in the last bits
+    assert s["digest_checked"] == n - 1 and s["digest_failures"] == 0 and s["transfer_errors"] == 0
     assert not s["kv_recomputed"]  # each decode engine used the KV, on every worker
     # nothing held at the end, counted on every worker of each engine
     assert s["transfer_held"]["prefill"] == {"staging_regions": 0}
@@ -81,7 +84,8 @@ def test_each_worker_digests_its_own_heads_and_together_they_cover_the_model(tp_
         for rank, records in enumerate(per_rank):
             assert {tuple(r["digests"]) for r in records} == {tuple(str(h) for h in heads_of(rank, tp, N_HEADS))}
             assert {r["rank"] for r in records} == {rank}
-    assert all(r["digest_match"] for r in tp_run.jsonl("requests.jsonl"))
+    assert all(r["digest_match"] is (True if r["blocks"] > r["skip_blocks"] else None)
+               for r in tp_run.jsonl("requests.jsonl"))
 
     def bytes_by_transfer(side, tp):
         out = {}
@@ -108,8 +112,8 @@ def test_the_negative_control_is_caught_on_every_decode_worker(p, d, results_dir
         damaged = [r for r in records if r["blocks"] > r["skip_blocks"]]
         assert damaged
         for r in damaged:
-            first = r["skip_blocks"]
-            assert all(r["digests"][h][first] != sent[r["transfer_id"]][h][first] for h in r["digests"])
+            first = r["skip_blocks"]  # the receiver digests the blocks written, from its first
+            assert all(r["digests"][h][0] != sent[r["transfer_id"]][h][first] for h in r["digests"])
 
 
 # Transport faults with TP: the prefill workers damage or drop their own messages (every 2nd

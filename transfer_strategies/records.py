@@ -34,7 +34,9 @@ from pathlib import Path
 #      be told apart), merged per transfer by `merge_ranks` (digests judged per channel: digests_agree)
 #   6: near ties: baseline rows keep each position's top-k ids (top_ids), request rows near_tie
 #   7: runner=serve's rows near_tie too (its summary near_ties)
-SCHEMA_VERSION = 7
+#   8: a receive record's digests cover the blocks the transfer wrote (block_ids[skip_blocks:]),
+#      not the decode engine's own prefix-cache hits; a transfer that wrote nothing has none to judge
+SCHEMA_VERSION = 8
 UNVERSIONED = 1  # what a row without schema_version is
 
 
@@ -72,7 +74,9 @@ class TransferRecord(JsonRecord):
     notify_ms: float | None = None
     load_ms: float | None = None
     ready_ms: float | None = None
-    digests: dict[str, list[str]] | None = None  # {global KV head: [digest of each block]} (version 4: a list)
+    # {global KV head: [digest of each block]} (version 4: a list); receive, since version 8: of the
+    # blocks written, block_ids[skip_blocks:] (block_ids[:skip_blocks] came from its prefix cache)
+    digests: dict[str, list[str]] | None = None
     digest_ms: float | None = None
     # the timeline, time.monotonic() seconds (None where this side does not see it)
     t_admitted: float | None = None  # this engine's scheduler allocated the request's blocks
@@ -116,14 +120,24 @@ def merge_ranks(records: list[TransferRecord]) -> TransferRecord:
 
 def digests_agree(sent: list[TransferRecord], received: list[TransferRecord], p: int, d: int) -> bool | None:
     """Whether each decode worker holds, head by head, what the prefill worker that sent it had
-    (tp.shares: who sends which head to whom). Judged per channel, not over an engine's merged
-    records: where the prefill engine replicates a head (more workers than KV heads) its
-    replicas need not be bit for bit equal (vLLM's CPU build at TP 4 with 2 KV heads: they
-    differ in the last bits), and a decode worker must hold exactly its sender's copy. A worker
-    whose record is missing fails it; None: a side without digests."""
+    in the blocks the transfer wrote (tp.shares: who sends which head to whom).
+
+    Only the written blocks are judged: the decode side digests those past its own prefix-cache
+    hits (skip_blocks; worker.transfer_digests), so the sender's digests are compared from that
+    block on. A cached block may hold a token the decode engine computed itself, in other bits
+    than the prefill's (seen on a GPU, and on CPU between TP degrees). Judged per channel, not
+    over an engine's merged records: where the prefill engine replicates a head (more workers
+    than KV heads) its replicas need not be bit for bit equal (vLLM's CPU build at TP 4 with 2
+    KV heads: they differ in the last bits), and a decode worker must hold exactly its
+    sender's copy. A worker whose record is missing, or that digested other blocks than the
+    transfer wrote, fails it; None: a side without digests, or a transfer that wrote nothing
+    (every block was in the decode engine's prefix cache)."""
     if not sent or not received or any(r.digests is None for r in sent + received):
         return None
-    sends = {r.rank or 0: r.digests for r in sent}
+    skip = max(r.skip_blocks for r in received)  # the decode engine's, the same on every worker
+    if skip >= max(r.blocks for r in received):
+        return None
+    sends = {r.rank or 0: {h: ds[skip:] for h, ds in r.digests.items()} for r in sent}
     receives = {r.rank or 0: r.digests for r in received}
     if set(sends) != set(range(p)) or set(receives) != set(range(d)):
         return False

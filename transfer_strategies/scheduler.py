@@ -22,7 +22,7 @@ How a request flows (the harness drives it):
        while parked is listed in `cancelled`, so the worker reports it too and vLLM frees its
        blocks. A request whose blocks were all in this engine's prefix cache is not parked
        (vLLM computes its last token at once); its message is still taken (`drains`), when it
-       arrives, so the sender's KV is checked and its staging space freed.
+       arrives, so the sender's staging space is freed (it wrote nothing: no digest judges it).
 Both sides move the blocks holding prompt tokens [0, prompt_len - 1), so their counts agree.
 
 Both sides stamp when vLLM admitted the request (`t_admitted`) and, on the decode side, when the
@@ -63,8 +63,13 @@ class TransferRequest:
     bytes: int = 0
     messages: int = 0
     received: list = field(default_factory=list)  # the transport's Messages
-    digests: list[str] | None = None  # taken before the transfer ended (a drain's, while it holds its blocks)
     fault: str | None = None  # prefill: the transport fault a scenario injects into this transfer (faults.py)
+
+    @property
+    def written_block_ids(self) -> list[int]:
+        """The blocks a transfer writes on this engine: on the decode side those past its own
+        prefix-cache hits (the engine computed or loaded the others earlier, maybe in other bits)."""
+        return self.block_ids[self.skip_blocks:]
 
 
 @dataclass
@@ -138,7 +143,7 @@ class RequestTracker:
             self._sends[request.request_id] = TransferRequest(tid, request.request_id, [], n_tok, t_admitted=now)
             return
         # decode: every request with a transfer id takes its message, even when nothing is
-        # loaded (all blocks were already cached here), so the sender's KV is checked and freed.
+        # loaded (all blocks were already cached here), so the sender's space is freed.
         block_ids = list(single_group(blocks.get_block_ids()))[: blocks_for(n_tok, self.block_size)]
         skip = self._local_hits.pop(request.request_id, 0) // self.block_size
         req = TransferRequest(tid, request.request_id, block_ids, n_tok, skip, t_admitted=now)

@@ -58,12 +58,7 @@ class TransferWorker:
                  place: Placement | None = None) -> None:
         """place: this worker's rank and both engines' tensor-parallel degrees (None: one worker
         each side, every head here)."""
-        self.place = place
-        rank = 0 if place is None else place.rank
-        if self.harness.get("stats_path"):
-            self.records = TransferRecordWriter(rank_path(self.harness["stats_path"], rank))
-        self.kv = KVBlocks(kv_caches, num_blocks, None if place is None else len(place.heads))
-        self.digests = BlockDigests(self.kv, None if place is None else place.heads)
+        self.attach(kv_caches, num_blocks, place)
         h = self.harness
         layout = dict(self.kv.layout(), block_size=block_size)
         opening = {"device": self.kv.device, "transport_cfg": self.transport, "host": h.get("host", "127.0.0.1"),
@@ -77,6 +72,15 @@ class TransferWorker:
         shares = iter(place.my_shares())  # each channel's handshake in the order they open
         self.channel = open_sharded(place, self.kv, h["rendezvous"], opening,
                                     on_open=lambda channel: self._exchange_layout(channel, layout, next(shares)))
+
+    def attach(self, kv_caches: dict[str, torch.Tensor], num_blocks: int, place: Placement | None = None) -> None:
+        """This engine's KV cache and records, before any channel opens."""
+        self.place = place
+        rank = 0 if place is None else place.rank
+        if self.harness.get("stats_path"):
+            self.records = TransferRecordWriter(rank_path(self.harness["stats_path"], rank))
+        self.kv = KVBlocks(kv_caches, num_blocks, None if place is None else len(place.heads))
+        self.digests = BlockDigests(self.kv, None if place is None else place.heads)
 
     def _exchange_layout(self, channel, mine: dict, share: Share | None = None) -> None:
         """Both engines must agree on layers, per-block shape, dtype and block size (not on
@@ -155,9 +159,7 @@ class TransferWorker:
         their KV arrives, messages to drain, parked requests it cancelled, first steps scheduled."""
         for req in meta.parked:
             self.parking.park(req)
-        for req in meta.drains:
-            if self.verify:  # now, while the request holds its blocks; the message may come later
-                req.digests = self.digests(req.block_ids)
+        for req in meta.drains:  # nothing is written: no digest to take (transfer_digests)
             scheduled = meta.scheduled.pop(req.req_id, None)
             self.channel.when_complete(req.transfer_id, lambda msgs, req=req, t=scheduled: self._drained(req, msgs, t))
         for rid in meta.cancelled:
@@ -188,9 +190,9 @@ class TransferWorker:
 
     def _drained(self, req: TransferRequest, msgs: list[Message], t_scheduled: float | None) -> None:
         """A request whose every block was in this engine's prefix cache: its message is taken
-        (the sender's space freed) and checked against the digests of the blocks it would have
-        filled, taken when vLLM scheduled it. Runs in the channel's receiver thread when the
-        message comes after the request was scheduled: the engine may never step again."""
+        (the sender's space freed) and recorded; it wrote nothing, so no digest judges it. Runs in
+        the channel's receiver thread when the message comes after the request was scheduled:
+        the engine may never step again."""
         self.channel.release(req.transfer_id)
         t_end = time.monotonic()
         self._record_received(req, msgs, t_end, t_end, t_decode_scheduled=t_scheduled)  # nothing loaded
@@ -218,7 +220,7 @@ class TransferWorker:
         failed loads (its kv_load_failure_policy fails or recomputes the request), its record
         says why."""
         self.channel.release(req.transfer_id)
-        self.parking.fail_blocks(req.block_ids[req.skip_blocks:])
+        self.parking.fail_blocks(req.written_block_ids)
         self._record(req, "receive", error=reason, t_admitted=req.t_admitted)
 
     def end_receive(self, req: TransferRequest) -> None:
@@ -248,11 +250,21 @@ class TransferWorker:
         if self.kv.device.type == "cuda":
             torch.cuda.synchronize(self.kv.device)
 
+    def transfer_digests(self, req: TransferRequest) -> dict[str, list[str]]:
+        """The digests that judge a transfer, per KV head: on the prefill side of every block
+        sent, on the decode side of the blocks the transfer wrote (past the engine's own
+        prefix-cache hits). A cached block is not the transfer's: the decode engine may have
+        computed part of it itself (the last prompt token of an earlier request that ended on
+        the block's last slot), and on a GPU its bits differ from the prefill's in the last
+        place. The harness compares the sender's digests past the receiver's skip_blocks
+        (records.digests_agree)."""
+        return self.digests(req.block_ids if self.is_producer else req.written_block_ids)
+
     def _record(self, req: TransferRequest, side: str, **times) -> None:
-        digests, digest_ms = req.digests, None
-        if self.verify and digests is None and "error" not in times:
+        digests = digest_ms = None
+        if self.verify and "error" not in times:
             t0 = time.monotonic()
-            digests = self.digests(req.block_ids)
+            digests = self.transfer_digests(req)
             digest_ms = (time.monotonic() - t0) * 1e3
         if "t_kv_ready" in times:  # the digests sit between the KV's arrival and its use
             times["t_kv_checked"] = time.monotonic()
