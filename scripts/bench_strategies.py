@@ -219,7 +219,8 @@ def strategy_rows(requests: pd.DataFrame, labels: list[str], ceiling: float) -> 
 def cells(requests: pd.DataFrame, labels: list[str]) -> Iterator[tuple[str, int, pd.DataFrame]]:
     """The benchmark's cells, as its table has them: (run label, prompt length, those requests) for
     each label in order (a run is named by its directory: the strategy, or
-    <strategy>-<decode_submit>), each length in increasing order."""
+    <strategy>-<decode_submit>), each length in increasing order. scripts/compare_bench.py
+    compares two benchmarks cell by cell through it."""
     if not len(requests):
         return
     run_names = requests["run_dir"].map(lambda d: Path(d).name)
