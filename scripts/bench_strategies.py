@@ -40,6 +40,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pandas as pd
@@ -198,25 +199,36 @@ def strategy_rows(requests: pd.DataFrame, labels: list[str], ceiling: float) -> 
     """One row per run (named by its directory: the strategy, or <strategy>-<decode_submit>) and
     prompt length of the runs' requests (harness.results.load_requests)."""
     rows = []
-    run_names = requests["run_dir"].map(lambda d: Path(d).name) if len(requests) else None
-    for label in labels if len(requests) else []:
+    for label, n, g in cells(requests, labels):
+        row = {"strategy": label, "prompt_len": n}
+        for k in MEDIANS:
+            row.update(p50_with_interval(g[k] if k in g else [None] * len(g), k))
+        mean, parts = overhead_means(g.to_dict("records")) or (None, {})
+        row["overhead_mean_ms"] = mean
+        row.update({f"overhead_{part}_ms": parts.get(part) for part, _ in CRITICAL_PATH})
+        for end in ("", "_lo", "_hi"):
+            gbps = row[f"gbps{end}"]
+            row[f"ceiling_share{end}"] = gbps / ceiling if gbps else None
+        row["match_rate"] = float(g["match"].map(_true).mean())
+        checked = g["digest_match"].dropna()  # no value: digests off (check.digests=false)
+        row["digest_ok"] = bool(checked.map(_true).all()) if len(checked) else None
+        rows.append(row)
+    return rows
+
+
+def cells(requests: pd.DataFrame, labels: list[str]) -> Iterator[tuple[str, int, pd.DataFrame]]:
+    """The benchmark's cells, as its table has them: (run label, prompt length, those requests) for
+    each label in order (a run is named by its directory: the strategy, or
+    <strategy>-<decode_submit>), each length in increasing order. scripts/compare_bench.py
+    compares two benchmarks cell by cell through it."""
+    if not len(requests):
+        return
+    run_names = requests["run_dir"].map(lambda d: Path(d).name)
+    for label in labels:
         for n, g in requests[run_names == label].groupby("prompt_len"):
             if "prefill_ttft_overhead_ms" not in g or g["prefill_ttft_overhead_ms"].isna().all():  # before version 3
                 g = g.assign(prefill_ttft_overhead_ms=g["prefill_ms"] - g["base_ttft_ms"])
-            row = {"strategy": label, "prompt_len": int(n)}
-            for k in MEDIANS:
-                row.update(p50_with_interval(g[k] if k in g else [None] * len(g), k))
-            mean, parts = overhead_means(g.to_dict("records")) or (None, {})
-            row["overhead_mean_ms"] = mean
-            row.update({f"overhead_{part}_ms": parts.get(part) for part, _ in CRITICAL_PATH})
-            for end in ("", "_lo", "_hi"):
-                gbps = row[f"gbps{end}"]
-                row[f"ceiling_share{end}"] = gbps / ceiling if gbps else None
-            row["match_rate"] = float(g["match"].map(_true).mean())
-            checked = g["digest_match"].dropna()  # no value: digests off (check.digests=false)
-            row["digest_ok"] = bool(checked.map(_true).all()) if len(checked) else None
-            rows.append(row)
-    return rows
+            yield label, int(n), g
 
 
 def _true(v) -> bool:

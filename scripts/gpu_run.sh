@@ -6,6 +6,8 @@
 #   bash scripts/gpu_run.sh bench2   # the same with prefill on GPU 0 and decode on GPU 1
 #   bash scripts/gpu_run.sh ttft     # experiment=gpu_ttft: TTFT and its parts, early vs after_prefill, 2k/8k/16k
 #   bash scripts/gpu_run.sh ttft2    # the same across two GPUs
+#   bash scripts/gpu_run.sh compare  # scripts/compare_bench.py: the benchmark $RUNS/$NAME (default ttft) against
+#                                    # ${REF:-results/gpu/session6/ttft-early}; exit 1 when a cell is slower (its args follow)
 #   bash scripts/gpu_run.sh kvmodel  # train and check models/llama3-8b-kv (Llama-3-8B KV geometry, trained weights)
 #   bash scripts/gpu_run.sh probe    # scripts/gpu_copy_probe.py, on one GPU and (if there are two) across
 #   bash scripts/gpu_run.sh serve    # experiment=gpu_serve: runner=serve sweep on two GPUs (harness overrides follow,
@@ -18,8 +20,10 @@ RUNS=${RUNS:-results/gpu}   # run directories
 OUT=${OUT:-$RUNS}           # where the tables and summaries are copied (the device tool's $OUT)
 mkdir -p "$RUNS" "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
-python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >> "$OUT/gpu.txt" 2>&1
+if [ "${1:-check}" != compare ]; then  # compare reads records only: it keeps the gpu.txt of the run it checks
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+  python3 -c "import vllm, torch; print('vllm', vllm.__version__, 'torch', torch.__version__)" >> "$OUT/gpu.txt" 2>&1
+fi
 case "${1:-check}" in
   check)
     python3 -m pytest -q tests/test_gpu.py "${@:2}" 2>&1 | tail -30
@@ -36,6 +40,10 @@ case "${1:-check}" in
     cp "$RUNS/$name/rows.csv" "$OUT/$name-rows.csv" 2>/dev/null
     cp "$RUNS/$name/figure.png" "$OUT/$name-figure.png" 2>/dev/null
     tar czf "$OUT/$name-runs.tgz" -C "$RUNS" "$name" ;;  # every run's records and logs
+  compare)  # after a change on the transfer path: the new ttft benchmark against the committed reference
+    name=${NAME:-ttft}
+    python3 scripts/compare_bench.py "$RUNS/$name" "${REF:-results/gpu/session6/ttft-early}" "${@:2}" 2>&1 \
+      | tee "$OUT/${name//\//-}-compare.txt" ;;
   serve)
     name=${NAME:-serve}
     python3 -m harness -m experiment=gpu_serve "hydra.sweep.dir=$RUNS/$name" "${@:2}" 2>&1 | grep -v "^\[" | tail -60
