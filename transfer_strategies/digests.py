@@ -62,8 +62,14 @@ class BlockDigests:
         return self._hex(total)
 
     def _hex(self, total: torch.Tensor) -> dict[str, list[str]]:
-        cols = total.t().cpu().tolist()
-        return {key: [format(int(x) & (2**64 - 1), "016x") for x in col] for key, col in zip(self.keys, cols)}
+        # One hex string per head, cut into 16-digit digests: a format() per digest cost 0.66 ms
+        # at 8k tokens of the Llama-3-8B shape (2048 of them), on both engines' critical paths
+        cols = total.t().contiguous().cpu().numpy().astype(">u8")  # big-endian: hex digits in order
+        out = {}
+        for key, col in zip(self.keys, cols):
+            text = col.tobytes().hex()
+            out[key] = [text[i:i + 16] for i in range(0, len(text), 16)]
+        return out
 
     def _per_head(self, blocks: torch.Tensor, head_axis: int | None) -> torch.Tensor:
         """[n, ...] blocks as [n, heads, int32 words of one head], a head's words in their order."""

@@ -51,7 +51,9 @@ class JsonRecord:
         return cls(**{"schema_version": UNVERSIONED, **{k: v for k, v in row.items() if k in known}})
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        # shallow: asdict's deep copy of a record's digests (2048 at 8k tokens of the Llama-3-8B
+        # shape) took 1.6 ms of the 1.8 ms it cost to write one, on both engines' critical paths
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 @dataclass
