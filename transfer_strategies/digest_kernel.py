@@ -24,7 +24,7 @@ import triton.language as tl
 
 CHUNK = 4096  # most words of a head's share of a block read at once
 PIECES = 8  # pieces of KV (layers' K or V) one program sums: fewer atomic adds, more reading each
-A32 = 2654435761 - 2**32  # digests._weights_for's multiplier as an int32 (the same low 32 bits)
+A32 = tl.constexpr(2654435761 - 2**32)  # digests._weights_for's multiplier as an int32 (the same low 32 bits)
 
 
 @triton.jit
