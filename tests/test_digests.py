@@ -123,3 +123,22 @@ def test_the_cuda_kernel_gives_the_torch_digests():
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(root))
     done = subprocess.run([sys.executable, "-c", KERNEL_CHECK], env=env, cwd=root, capture_output=True, text=True)
     assert done.returncode == 0 and "same digests" in done.stdout, done.stderr[-2000:]
+
+
+def test_the_cuda_kernel_compiles_for_hopper():
+    """Triton's interpreter (above) accepts what its CUDA compiler refuses (a plain module global in
+    the kernel failed an H200 run's engines at start-up): compiled here for sm_90, no GPU needed."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from transfer_strategies import digest_kernel
+
+    fn = digest_kernel._weighted_block_sums
+    pointers = {"base": "*i32", "piece_offsets": "*i64", "ids": "*i64", "out": "*i64"}
+    constexprs = {"ROW_WORDS": 64, "CHUNK": 1024, "PIECES": digest_kernel.PIECES}  # Llama-3-8B's bf16 head rows
+    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in fn.arg_names}
+    source = ASTSource(fn=fn, signature=signature,
+                       constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    assert "atom.global" in compiled.asm["ptx"]
