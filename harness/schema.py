@@ -48,6 +48,8 @@ class RequestRow:
     prompt_idx: int
     prompt_len: int
     output_len: int
+    conversation: int | None  # workload=multiturn: the conversation and its turn (from 0); None elsewhere
+    turn: int | None
     # the decode output against the baseline's (harness/compare.py)
     match: bool
     first_divergence: int | None
