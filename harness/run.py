@@ -296,6 +296,10 @@ def warmup_workload(workload: Workload, n: int) -> Workload:
     no measured prompt finds them in a prefix cache. Negative indices keep their transfer ids
     apart from the measured ones."""
     tokens = max(workload.prompts, key=lambda p: len(p.token_ids)).token_ids[::-1]
+    # a conversation's later turns are built as the baseline answers them, after runner=serve's
+    # warm-up: their known length, in the tokens there are
+    length = max(map(workload.prompt_len, workload.prompts))
+    tokens = (tokens * -(-length // len(tokens)))[:length]
     return Workload("warm-up", [Prompt(-1 - i, tokens[i:] + tokens[:i]) for i in range(n)], concurrency=1)
 
 

@@ -136,6 +136,8 @@ class ServeRow:
     prompt_idx: int
     prompt_len: int
     output_len: int
+    conversation: int | None  # as in RequestRow
+    turn: int | None
     status: str  # ok | failed | cancelled (the client went away after the first token, on purpose)
     error: str | None
     request_rate: float  # requested (inf: all at once)
@@ -160,6 +162,8 @@ class ServeRow:
     digest_match: bool | None
     transfer_error: str | None
     bytes: int | None
+    blocks: int | None  # as in RequestRow
+    skip_blocks: int | None
     transfer_ms: float | None
     kv_ms: float | None
     decode_computed_tokens: int | None  # as in RequestRow

@@ -1,6 +1,8 @@
 """workload=multiturn without engines: the conversations the builder plans, and the order in which
 the offline runner's pipeline sends their turns (a fake engine answers)."""
 
+import json
+
 import pytest
 
 import harness.run
@@ -26,6 +28,8 @@ def answer_all(w, answer=lambda p: [2 + p.index % 40] * 8):
 
 def test_each_turn_extends_the_previous_turn_and_its_answer():
     w = conversations()
+    # runner=serve warms up before the baseline has answered anything: as long as the longest turn anyway
+    assert len(warmup_workload(w, 1).prompts[0].token_ids) == max(map(w.prompt_len, w.prompts))
     assert [(p.conversation, p.turn) for p in w.prompts] == [(c, t) for c in range(3) for t in range(4)]
     assert all(p.token_ids == [] for p in w.prompts if p.turn)  # not known before the previous turn's answer
     answer_all(w)
@@ -139,3 +143,59 @@ def test_the_composed_config_builds_conversations_that_follow_the_engines_and_th
     assert w.answer_len == 8 and len(w.prompts) == 6 and w.concurrency == 2
     assert [w.prompt_len(p) % 64 == 0 for p in w.prompts] == [False, True, False] * 2
     w.check_fits(cfg.engine.max_model_len, cfg.sampling.max_tokens)
+
+
+def test_serving_a_conversation_sends_each_turn_once_the_previous_has_its_answer():
+    """runner=serve's schedule and client against a fake server that answers each prompt with its
+    own length: each arrival starts a conversation, each later turn is sent once the previous one
+    has ended, with the ids the baseline pass built from that answer."""
+    import asyncio
+
+    from aiohttp import web
+
+    from harness.load import LoadSpec, send_all
+    from harness.serve import check_serve_workload, request_schedule
+
+    w = conversations(num_conversations=2, turns=3)
+    spec = LoadSpec(request_rate=float("inf"), num_requests=3)
+    schedule = request_schedule(spec, w)  # 3 arrivals: conversations 0, 1, then 0 again
+    assert [(w.prompts[r.prompt_idx].conversation, w.prompts[r.prompt_idx].turn, r.follows) for r in schedule] == \
+        [(0, 0, None), (0, 1, 0), (0, 2, 1), (1, 0, None), (1, 1, 3), (1, 2, 4), (0, 0, None), (0, 1, 6), (0, 2, 7)]
+    with pytest.raises(Exception, match="serve.cancel_fraction"):
+        check_serve_workload(LoadSpec(request_rate=1.0, cancel_fraction=0.5), w)
+    received = []
+
+    async def complete(request):
+        body = await request.json()
+        received.append(body["prompt"])
+        await asyncio.sleep(0.01)
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        chunk = {"choices": [{"token_ids": [2 + len(body["prompt"]) % 40] * body["max_tokens"]}]}
+        await resp.write(f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode())
+        return resp
+
+    async def serve_once():
+        app = web.Application()
+        app.router.add_post("/v1/completions", complete)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+        try:
+            return await send_all(url, "m", schedule, max_tokens=w.answer_len, max_concurrency=None, timeout_s=30,
+                                  id_prefix="t", on_result=lambda r: w.answered(w.prompts[r.prompt_idx], r.token_ids),
+                                  turn_ids=lambda req: w.prompts[req.prompt_idx].token_ids)
+        finally:
+            await runner.cleanup()
+
+    results = asyncio.run(serve_once())
+    assert [r.status for r in results] == ["ok"] * 9
+    for req, r in zip(schedule, results):
+        assert r.prompt_len == w.prompt_len(w.prompts[req.prompt_idx])
+        if req.follows is not None:
+            prev = results[req.follows]
+            assert r.t_sent >= prev.t_sent + prev.t_done  # sent once the previous turn had ended
+    assert sorted(map(len, received)) == sorted(w.prompt_len(w.prompts[r.prompt_idx]) for r in schedule)
+    assert all(p.token_ids for p in w.prompts)
