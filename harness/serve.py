@@ -352,11 +352,6 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                                     watchdog=None if deployment.external else deployment.watchdog,
                                     turn_ids=lambda req: workload.prompts[req.prompt_idx].token_ids))
 
-    def answered(r: ClientResult) -> None:
-        """The baseline's answer: a conversation's next turn continues it, on every path."""
-        if r.status == "ok":
-            workload.answered(workload.prompts[r.prompt_idx], r.token_ids)
-
     try:
         print(f"[harness] {run_id}: serving {len(schedule)} requests at {rate} req/s ({spec.arrivals}), "
               f"strategy={cfg.strategy.name}, model={cfg.model.name}, device={device}; logs in {run_dir}", flush=True)
@@ -386,7 +381,11 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                                lambda r, path=path, p_stats=p_stats, base=base: row(
                                    cfg, run_id, device, path, r, workload.prompts[r.prompt_idx],
                                    None if path == "baseline" else base.get(r.index), p_stats, rate), p_stats)
-            on_result = (lambda r, put=writer.put: (answered(r), put(r))) if path == "baseline" else writer.put
+
+            def on_result(r: ClientResult, path=path, put=writer.put) -> None:
+                if path == "baseline" and r.status == "ok":  # a conversation's next turn continues this answer
+                    workload.answered(workload.prompts[r.prompt_idx], r.token_ids)
+                put(r)
             t0 = time.monotonic()
             try:
                 results = load(path, deployment.urls[target], schedule, on_result=on_result)
