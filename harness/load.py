@@ -7,17 +7,21 @@ client sees of it (every token's arrival time, the token ids and their log-proba
 Arrivals follow vLLM's `vllm bench serve`: gaps drawn from a gamma distribution with shape
 `burstiness` and mean 1/rate (burstiness 1 is Poisson, below 1 burstier, above 1 steadier),
 or constant gaps; rate inf sends everything at once. A maximum concurrency holds a request back
-until one in flight ends. Requests are streamed (/v1/completions with token ids in and out), so
-the client measures TTFT and every inter-token gap itself, as a user's client would.
+until one in flight ends. A request that follows another (a conversation's next turn) is sent
+once that one has ended, whatever its own arrival time. Requests are streamed (/v1/completions
+with token ids in and out), so the client measures TTFT and every inter-token gap itself, as a
+user's client would.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -69,6 +73,9 @@ class ScheduledRequest:
     token_ids: list[int]
     arrival_s: float  # when it is due, from the start of the load
     cancel: bool = False  # the client goes away after the first token
+    # the request (by index) that must have ended before this one is sent: its conversation's
+    # previous turn, whose answer its prompt continues (token_ids then come at sending: send_all)
+    follows: int | None = None
 
 
 def arrival_schedule(spec: LoadSpec, prompts: list[list[int]]) -> list[ScheduledRequest]:
@@ -186,25 +193,41 @@ async def send_one(session: aiohttp.ClientSession, url: str, model: str, req: Sc
     return res
 
 
+NO_PREVIOUS_ANSWER = "its conversation's previous turn has no answer to continue"
+
+
 async def send_all(url: str, model: str, schedule: list[ScheduledRequest], *, max_tokens: int,
                    max_concurrency: int | None, timeout_s: float, id_prefix: str, logprobs: int = 2,
-                   on_result=None, watchdog=None) -> list[ClientResult]:
+                   on_result=None, watchdog=None,
+                   turn_ids: Callable[[ScheduledRequest], list[int]] | None = None) -> list[ClientResult]:
     """Every request of the schedule, each at its arrival time (later if max_concurrency requests
-    are in flight). on_result(result) as each ends; watchdog() is awaited beside the load and
-    ends it by raising (an instance died)."""
+    are in flight), a request that follows another once that one has ended and on_result has
+    seen it. on_result(result) as each ends; turn_ids(request): a following request's token ids
+    (empty: its prompt could not be built, it fails unsent); watchdog() is awaited beside the
+    load and ends it by raising (an instance died)."""
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     results: list[ClientResult] = []
+    ended = {r.index: asyncio.Event() for r in schedule}
     t_start = time.monotonic()
 
     async def one(session, req):
         delay = t_start + req.arrival_s - time.monotonic()
         if delay > 0:
             await asyncio.sleep(delay)
-        async with limit or contextlib.nullcontext():
-            res = await send_one(session, url, model, req, max_tokens, f"{id_prefix}-{req.index}", t_start, logprobs)
+        if req.follows is not None:
+            await ended[req.follows].wait()
+            req = dataclasses.replace(req, token_ids=list(turn_ids(req)))
+        if not req.token_ids:
+            res = ClientResult(req.index, req.prompt_idx, 0, req.arrival_s, time.monotonic() - t_start,
+                               status="failed", error=NO_PREVIOUS_ANSWER)
+        else:
+            async with limit or contextlib.nullcontext():
+                res = await send_one(session, url, model, req, max_tokens, f"{id_prefix}-{req.index}", t_start,
+                                     logprobs)
         results.append(res)
         if on_result is not None:
             on_result(res)
+        ended[req.index].set()
 
     timeout = aiohttp.ClientTimeout(total=timeout_s)
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:

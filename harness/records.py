@@ -142,7 +142,26 @@ def summarize(rows: list[dict]) -> dict:
     tot_ms = sum(r.get("transfer_ms") or 0 for r in rows)
     out["total_bytes"] = tot_bytes
     out["transfer_gbps"] = tot_bytes / tot_ms / 1e6 if tot_ms > 0 else None
+    out.update(prefix_hits(rows))
     return out
+
+
+def prefix_hits(rows: list[dict]) -> dict:
+    """decode_prefix_hit_blocks: prompt blocks the decode engine already had in its own prefix
+    cache (skip_blocks, summed); bytes_for_cached_blocks: what the transfers still carried for
+    them (each row's bytes shared evenly over its blocks). A strategy that sends only the suffix
+    the decode side lacks carries 0 for them. None without transfer records (vLLM's connectors)."""
+    counted = [r for r in rows if number(r.get("skip_blocks")) and number(r.get("blocks"))]
+    if not counted:
+        return {"decode_prefix_hit_blocks": None, "bytes_for_cached_blocks": None}
+    return {"decode_prefix_hit_blocks": sum(r["skip_blocks"] for r in counted),
+            "bytes_for_cached_blocks": round(sum((r.get("bytes") or 0) * r["skip_blocks"] / r["blocks"]
+                                                 for r in counted if r["blocks"] > 0))}
+
+
+def number(value) -> bool:
+    """A count in a row: neither None nor a loaded NaN."""
+    return value is not None and value == value
 
 
 def given(value) -> bool:
@@ -240,7 +259,16 @@ def format_table(rows: list[dict], summary: dict) -> str:
         f"  ttft p50 {f(s.get('ttft_ms_p50'), '.1f')} ms (baseline {f(s.get('base_ttft_ms_p50'), '.1f')})"
         f"  e2e p50 {f(s.get('e2e_ms_p50'), '.1f')} ms (baseline {f(s.get('base_e2e_ms_p50'), '.1f')})"
         f"  transfer p50 {f(s.get('transfer_ms_p50'), '.2f')} ms p90 {f(s.get('transfer_ms_p90'), '.2f')} ms"
-        f"  {f(s.get('transfer_gbps'), '.2f')} GB/s", *overhead_lines(s), *scenario_lines(s)])
+        f"  {f(s.get('transfer_gbps'), '.2f')} GB/s", *overhead_lines(s), *scenario_lines(s),
+        *prefix_hit_lines(s)])
+
+
+def prefix_hit_lines(s: dict) -> list[str]:
+    """What the transfers carried for blocks the decode engine already had (nothing without hits)."""
+    if not s.get("decode_prefix_hit_blocks"):
+        return []
+    return [f"decode prefix-cache hits: {s['decode_prefix_hit_blocks']} prompt blocks the decode engine already had; "
+            f"the transfers carried {s['bytes_for_cached_blocks']} of the {s['total_bytes']} bytes moved for them"]
 
 
 def scenario_lines(s: dict) -> list[str]:

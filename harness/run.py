@@ -186,8 +186,11 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
     starts when all of them have finished, and its sampling parameters may use the earlier
     results. on_finish gets the results in the order of the requests (each with `submitted_t`;
     an aborted one's finish_reason is "abort"). aborts: prompt index -> when (after the prompt's
-    first submission) to abort its requests on which engines, if they are still running then."""
+    first submission) to abort its requests on which engines, if they are still running then.
+    A prompt that follows another (a conversation's next turn) waits until that one has finished
+    in this pass, on_finish included (which may build its token ids: Workload.answered)."""
     waiting = list(workload.prompts)
+    finished: set[int] = set()
     flights: list[_InFlight] = []
     active: dict[str, tuple[_InFlight, int, float]] = {}  # request id -> its prompt, result index, submitted at
     engines = list({id(e): e for stage in stages for e, _ in stage}.values())
@@ -218,8 +221,12 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
     last_progress = time.monotonic()
     with progress:
         while waiting or active:
-            while waiting and len(flights) < workload.concurrency:
-                flights.append(_InFlight(waiting.pop(0), time.monotonic(), [None] * sum(map(len, stages))))
+            while len(flights) < workload.concurrency:
+                ready = next((p for p in waiting if p.follows is None or p.follows in finished), None)
+                if ready is None:
+                    break
+                waiting.remove(ready)
+                flights.append(_InFlight(ready, time.monotonic(), [None] * sum(map(len, stages))))
                 submit(flights[-1])
                 abort = (aborts or {}).get(flights[-1].prompt.index)
                 if abort is not None:
@@ -245,6 +252,7 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
                 else:
                     flights.remove(f)
                     on_finish(f.prompt, f.t0, f.results)
+                    finished.add(f.prompt.index)
                     progress.update()
 
 
@@ -288,6 +296,10 @@ def warmup_workload(workload: Workload, n: int) -> Workload:
     no measured prompt finds them in a prefix cache. Negative indices keep their transfer ids
     apart from the measured ones."""
     tokens = max(workload.prompts, key=lambda p: len(p.token_ids)).token_ids[::-1]
+    # a conversation's later turns are built as the baseline answers them, after runner=serve's
+    # warm-up: their known length, in the tokens there are
+    length = max(map(workload.prompt_len, workload.prompts))
+    tokens = (tokens * -(-length // len(tokens)))[:length]
     return Workload("warm-up", [Prompt(-1 - i, tokens[i:] + tokens[:i]) for i in range(n)], concurrency=1)
 
 
@@ -467,6 +479,7 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
     return RequestRow(
         run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name, workload=cfg.workload.name, device=device,
         prompt_idx=p.index, prompt_len=len(p.token_ids), output_len=len(dec["token_ids"]),
+        conversation=p.conversation, turn=p.turn,
         match=cmp.match, first_divergence=cmp.first_divergence, max_logprob_diff=cmp.max_logprob_diff,
         near_tie=cmp.near_tie, prefill_token_match=pre["token_ids"][:1] == base["token_ids"][:1],
         digest_match=digest_match,
@@ -572,6 +585,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         def on_base(p: Prompt, t0: float, results: list[dict]) -> None:
             base_rows[p.index] = baseline_row(p, t0, results)
             base_out.write(base_rows[p.index])
+            # a conversation's next turn continues the baseline's answer, in every pass after this one too
+            workload.answered(p, base_rows[p.index]["token_ids"])
 
         def repeat_row(p: Prompt, t0: float, results: list[dict], out: JsonlWriter) -> bool:
             row = baseline_row(p, t0, results)

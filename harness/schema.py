@@ -48,6 +48,8 @@ class RequestRow:
     prompt_idx: int
     prompt_len: int
     output_len: int
+    conversation: int | None  # workload=multiturn: the conversation and its turn (from 0); None elsewhere
+    turn: int | None
     # the decode output against the baseline's (harness/compare.py)
     match: bool
     first_divergence: int | None
@@ -134,6 +136,8 @@ class ServeRow:
     prompt_idx: int
     prompt_len: int
     output_len: int
+    conversation: int | None  # as in RequestRow
+    turn: int | None
     status: str  # ok | failed | cancelled (the client went away after the first token, on purpose)
     error: str | None
     request_rate: float  # requested (inf: all at once)
@@ -158,6 +162,8 @@ class ServeRow:
     digest_match: bool | None
     transfer_error: str | None
     bytes: int | None
+    blocks: int | None  # as in RequestRow
+    skip_blocks: int | None
     transfer_ms: float | None
     kv_ms: float | None
     decode_computed_tokens: int | None  # as in RequestRow

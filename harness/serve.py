@@ -52,7 +52,7 @@ from harness.run import (
 )
 from harness.schema import ServeRow
 from harness.serve_summary import format_serve_summary, serve_summary
-from harness.workload import WorkloadError
+from harness.workload import Prompt, Workload, WorkloadError
 from transfer_strategies.transport import remove_leftovers
 
 
@@ -92,6 +92,31 @@ def check_serve_inputs(cfg: DictConfig) -> None:
                     r.read()
             except (urllib.error.URLError, OSError) as e:
                 raise LoadError(f"serve.endpoints.{name} {url} does not answer /v1/models ({e})") from None
+
+
+def request_schedule(spec: LoadSpec, workload: Workload) -> list[ScheduledRequest]:
+    """The arrival schedule of the workload's prompts. A multi-turn workload's arrivals are its
+    conversations (their first turns, used in order as prompts are), each followed by its later
+    turns, due at the conversation's arrival but each sent once the previous turn has ended."""
+    firsts = [p for p in workload.prompts if p.follows is None]
+    arrivals = arrival_schedule(spec, [p.token_ids for p in firsts])
+    if len(firsts) == len(workload.prompts):
+        return arrivals
+    after = {p.follows: p for p in workload.prompts if p.follows is not None}
+    schedule: list[ScheduledRequest] = []
+    for a in arrivals:
+        p, follows = firsts[a.prompt_idx], None
+        while p is not None:
+            schedule.append(ScheduledRequest(len(schedule), p.index, list(p.token_ids), a.arrival_s, a.cancel,
+                                             follows))
+            follows, p = len(schedule) - 1, after.get(p.index)
+    return schedule
+
+
+def check_serve_workload(spec: LoadSpec, workload: Workload) -> None:
+    if spec.cancel_fraction and any(p.follows is not None for p in workload.prompts):
+        raise LoadError(f"serve.cancel_fraction={spec.cancel_fraction} with workload {workload.name!r}: a cancelled "
+                        f"turn has no answer for its conversation's next turn to continue; use 0")
 
 
 def gpu_count() -> int:
@@ -218,7 +243,7 @@ def ms(t: float | None) -> float | None:
     return None if t is None else t * 1e3
 
 
-def row(cfg, run_id: str, device: str, path: str, r: ClientResult, base: ClientResult | None,
+def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, base: ClientResult | None,
         stats: TransferStats | None, rate: float) -> dict:
     ok = r.status == "ok"
     ttft = r.t_first * 1e3 if r.t_first is not None else None
@@ -243,14 +268,16 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, base: ClientR
     return ServeRow(
         run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name, workload=cfg.workload.name, device=device,
         path=path, request_idx=r.index, prompt_idx=r.prompt_idx, prompt_len=r.prompt_len,
-        output_len=len(r.token_ids), status=r.status, error=r.error, request_rate=rate, arrival_s=r.arrival_s,
+        output_len=len(r.token_ids), conversation=p.conversation, turn=p.turn, status=r.status, error=r.error,
+        request_rate=rate, arrival_s=r.arrival_s,
         sent_s=r.t_sent, ttft_ms=ttft, prefill_ttft_ms=ms(r.t_prefill_token), decode_ttft_ms=ms(r.t_decode_token),
         tpot_ms=tpot, e2e_ms=e2e, itl_ms=itl, meets_slo=meets,
         match=cmp.match if cmp else None, first_divergence=cmp.first_divergence if cmp else None,
         max_logprob_diff=cmp.max_logprob_diff if cmp else None, near_tie=cmp.near_tie if cmp else None,
         transfer_id=r.transfer_id,
         digest_match=digest_match, transfer_error=recv.error if recv else None,
-        bytes=send.bytes if send else None,
+        bytes=send.bytes if send else None, blocks=send.blocks if send else None,
+        skip_blocks=recv.skip_blocks if recv else None,
         transfer_ms=(send.gpu_ms if send and send.gpu_ms is not None else (recv.transfer_ms if recv else None)),
         kv_ms=kv_ms, decode_computed_tokens=computed["decode_computed_tokens"],
         decode_preemptions=computed["decode_preemptions"], kv_recomputed=computed["kv_recomputed"],
@@ -295,13 +322,14 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     try:
         check_serve_inputs(cfg)
         device, workload = checked_inputs(cfg)
+        check_serve_workload(load_spec(cfg), workload)
     except (ConfigError, WorkloadError, LoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         write_json(run_dir / "summary.json", {"status": "bad_input", "error": str(e), "run_id": run_id})
         return 2
 
     spec = load_spec(cfg)
-    schedule = arrival_schedule(spec, [p.token_ids for p in workload.prompts])
+    schedule = request_schedule(spec, workload)
     meta = {"run_id": run_id, "runner": "serve", "versions": versions(device), "strategy": cfg.strategy.name,
             "decode_submit": decode_submit(cfg), "model": cfg.model.name, "workload": cfg.workload.name,
             "num_prompts": len(workload.prompts), "num_requests": len(schedule),
@@ -321,7 +349,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         return asyncio.run(send_all(url, model, reqs, max_tokens=cfg.sampling.max_tokens,
                                     max_concurrency=spec.max_concurrency, timeout_s=timeout_s,
                                     id_prefix=f"{tag}-{path}", logprobs=cfg.sampling.logprobs, on_result=on_result,
-                                    watchdog=None if deployment.external else deployment.watchdog))
+                                    watchdog=None if deployment.external else deployment.watchdog,
+                                    turn_ids=lambda req: workload.prompts[req.prompt_idx].token_ids))
 
     try:
         print(f"[harness] {run_id}: serving {len(schedule)} requests at {rate} req/s ({spec.arrivals}), "
@@ -350,11 +379,16 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             p_stats = stats if path == "disagg" else None
             writer = RowWriter(req_out if path == "disagg" else base_out,
                                lambda r, path=path, p_stats=p_stats, base=base: row(
-                                   cfg, run_id, device, path, r, None if path == "baseline" else base.get(r.index),
-                                   p_stats, rate), p_stats)
+                                   cfg, run_id, device, path, r, workload.prompts[r.prompt_idx],
+                                   None if path == "baseline" else base.get(r.index), p_stats, rate), p_stats)
+
+            def on_result(r: ClientResult, path=path, put=writer.put) -> None:
+                if path == "baseline" and r.status == "ok":  # a conversation's next turn continues this answer
+                    workload.answered(workload.prompts[r.prompt_idx], r.token_ids)
+                put(r)
             t0 = time.monotonic()
             try:
-                results = load(path, deployment.urls[target], schedule, on_result=writer.put)
+                results = load(path, deployment.urls[target], schedule, on_result=on_result)
             finally:
                 writer.close(abandon=sys.exc_info()[0] is not None)
             timings[f"{path}_s"] = time.monotonic() - t0

@@ -23,7 +23,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from harness.load import TIMED_OUT
-from harness.records import read_jsonl, recompute_counts
+from harness.records import prefix_hit_lines, prefix_hits, read_jsonl, recompute_counts
 from harness.schema import SCHEMA_VERSION
 from harness.stats import Column, format_table, format_value, p50_with_interval, percentile
 from harness.verdict import judge
@@ -100,6 +100,8 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
     out["digest_failures"] = sum(not r["digest_match"] for r in checked)
     out["transfer_errors"] = sum(bool(r["transfer_error"]) for r in kept)
     out.update(recompute_counts(kept))
+    out["total_bytes"] = sum(r.get("bytes") or 0 for r in kept)
+    out.update(prefix_hits(kept))
     out["kv_cache_usage_at_end"] = kv_usage
     out["timings"] = timings
     code = {"ok": 0, "engine_failed": 3, "interrupted": 130}.get(status, 1)
@@ -141,4 +143,4 @@ def format_serve_summary(s: dict) -> str:
         f"({s.get('mismatches')} differ, {s.get('near_ties', 0)} of them at a near tie); "
         f"the baseline matches itself {f(s.get('baseline_self_match_rate'), '.3f')} "
         f"({s.get('baseline_self_mismatches')} differ); digest failures {s.get('digest_failures')}/"
-        f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}"])
+        f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}", *prefix_hit_lines(s)])

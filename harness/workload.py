@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -23,6 +23,11 @@ class Prompt:
     index: int
     token_ids: list[int]
     text: str | None = None
+    # multi-turn (Conversations): the conversation and its turn (from 0), and the prompt (its
+    # previous turn) that must have finished before this one is sent; None elsewhere
+    conversation: int | None = None
+    turn: int | None = None
+    follows: int | None = None
 
 
 @dataclass
@@ -48,9 +53,52 @@ class Workload:
 
     def check_min_prompt_len(self, min_len: int, needed_by: str, why: str) -> None:
         for p in self.prompts:
-            if len(p.token_ids) < min_len:
-                raise WorkloadError(f"prompt {p.index} of workload {self.name!r} has {len(p.token_ids)} tokens; "
+            if self.prompt_len(p) < min_len:
+                raise WorkloadError(f"prompt {p.index} of workload {self.name!r} has {self.prompt_len(p)} tokens; "
                                     f"{needed_by} needs at least {min_len} ({why})")
+
+    def prompt_len(self, p: Prompt) -> int:
+        return len(p.token_ids)
+
+    def answered(self, p: Prompt, answer: list[int]) -> None:
+        """The reference answer (the baseline's) to prompt p: builds the prompts that continue it
+        (multi-turn); nothing for workloads whose prompts are all known in advance."""
+
+
+@dataclass
+class Conversations(Workload):
+    """Multi-turn: turn t + 1's prompt is turn t's prompt, turn t's answer and new user text, so
+    it is built (answered) once turn t has its reference answer; until then its token_ids are
+    empty. Every turn's length is known in advance: each answer is answer_len tokens (greedy, EOS
+    ignored, sampling.max_tokens)."""
+
+    user_ids: dict[int, list[int]] = field(default_factory=dict)  # prompt index -> the turn's new user text
+    answer_len: int = 16
+
+    def prompt_len(self, p: Prompt) -> int:
+        if p.follows is None:
+            return len(self.user_ids[p.index])
+        return self.prompt_len(self.prompts[p.follows]) + self.answer_len + len(self.user_ids[p.index])
+
+    def check_fits(self, max_model_len: int, max_tokens: int) -> None:
+        if self.answer_len != max_tokens:
+            raise WorkloadError(f"workload.answer_len={self.answer_len} but sampling.max_tokens={max_tokens}: each "
+                                f"turn's answer is the model's whole output; set sampling.max_tokens (answer_len "
+                                f"follows it)")
+        if self.concurrency < 1:
+            raise WorkloadError(f"workload.concurrency must be >= 1, got {self.concurrency}")
+        last = max(self.prompts, key=self.prompt_len)
+        if self.prompt_len(last) + max_tokens > max_model_len:
+            raise WorkloadError(
+                f"conversation {last.conversation} of workload {self.name!r} reaches {self.prompt_len(last)} prompt "
+                f"tokens at turn {last.turn + 1}; with its answer of {max_tokens} it needs engine.max_model_len >= "
+                f"{self.prompt_len(last) + max_tokens} (now {max_model_len}). Raise engine.max_model_len or lower "
+                f"workload.turns, workload.first_user_len, workload.user_len or sampling.max_tokens.")
+
+    def answered(self, p: Prompt, answer: list[int]) -> None:
+        for q in self.prompts:
+            if q.follows == p.index and not q.token_ids:  # built once: later passes send the same ids
+                q.token_ids = p.token_ids + list(answer) + self.user_ids[q.index]
 
 
 def build_workload(cfg: DictConfig, tokenizer) -> Workload:
@@ -88,11 +136,50 @@ def synthetic(name: str, prompt_len: int, num_prompts: int, tokenizer, seed: int
     if prompt_len < 1 or num_prompts < 1:
         raise WorkloadError(f"workload.prompt_len and workload.num_prompts must be >= 1, got "
                             f"{prompt_len} and {num_prompts}")
-    special = set(tokenizer.all_special_ids)
-    vocab = [t for t in range(len(tokenizer)) if t not in special]
+    vocab = synthetic_vocab(tokenizer)
     rng = random.Random(seed)
     return Workload(name, [Prompt(i, [rng.choice(vocab) for _ in range(prompt_len)]) for i in range(num_prompts)],
                     concurrency)
+
+
+def synthetic_vocab(tokenizer) -> list[int]:
+    """The token ids random prompts are drawn from: the vocabulary less its special tokens."""
+    special = set(tokenizer.all_special_ids)
+    return [t for t in range(len(tokenizer)) if t not in special]
+
+
+def multiturn(name: str, num_conversations: int, turns: int, first_user_len: int, user_len: int, answer_len: int,
+              block_size: int, tokenizer, seed: int = 0, concurrency: int = 1) -> Conversations:
+    """num_conversations conversations of `turns` turns, user text of seeded random token ids (as
+    synthetic's). Turn t's new user text is first_user_len (t = 0) or user_len tokens, lengthened
+    so that the prompts of turns 2, 4, ... (counted from 1) end exactly on a KV block boundary
+    (prompt_len % block_size == 0: up to block_size - 1 tokens added) and those of turns 1, 3, ...
+    end inside a block (one token added where they would not): the decode engine's prefix cache
+    then holds the previous turn up to a block's end, or up to a block's middle."""
+    if turns < 1 or num_conversations < 1:
+        raise WorkloadError(f"workload.turns and workload.num_conversations must be >= 1, got {turns} and "
+                            f"{num_conversations}")
+    if first_user_len < 1 or user_len < 0:
+        raise WorkloadError(f"workload.first_user_len must be >= 1 and workload.user_len >= 0, got "
+                            f"{first_user_len} and {user_len}")
+    vocab = synthetic_vocab(tokenizer)
+    rng = random.Random(seed)
+    prompts, user_ids = [], {}
+    for c in range(num_conversations):
+        prompt_len = 0
+        for t in range(turns):
+            before = prompt_len + answer_len if t else 0  # the previous prompt and its answer
+            n = first_user_len if t == 0 else user_len
+            if t % 2:
+                n += -(before + n) % block_size
+            elif (before + n) % block_size == 0:
+                n += 1
+            prompt_len = before + n
+            i = len(prompts)
+            user_ids[i] = [rng.choice(vocab) for _ in range(n)]
+            prompts.append(Prompt(i, list(user_ids[i]) if t == 0 else [], conversation=c, turn=t,
+                                  follows=None if t == 0 else i - 1))
+    return Conversations(name, prompts, concurrency, user_ids=user_ids, answer_len=answer_len)
 
 
 def jsonl(name: str, path: str, tokenizer, field: str = "prompt", concurrency: int = 1) -> Workload:

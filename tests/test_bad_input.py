@@ -87,6 +87,9 @@ def test_strategy_package_not_installed(tmp_path):
     (["workload=synthetic", "workload.num_prompts=0"], ["workload.num_prompts", "got 256 and 0"]),
     (["workload=smoke", "workload.prompt_len=0"], ["workload.prompt_len must be >= 1"]),
     (["workload.concurrency=0"], ["workload.concurrency must be >= 1"]),
+    (["workload=multiturn", "workload.turns=0"], ["workload.turns", "must be >= 1"]),
+    (["workload=multiturn", "workload.turns=20", "engine.max_model_len=256"],
+     ["conversation 0", "engine.max_model_len >= ", "workload.turns"]),
 ])
 def test_workload_errors_raised_inside_hydras_instantiate(tmp_path, overrides, words):
     """The builders run inside Hydra's instantiate, which wraps what they raise."""

@@ -23,6 +23,7 @@ import pytest
 from harness.compare import compare_outputs
 from harness.instances import vllm_instance
 from harness.load import ScheduledRequest, send_one
+from harness.records import read_jsonl
 from harness.run import engine_args, engine_env, free_port, transfer_config
 from tests.conftest import ROOT, run_harness
 from tests.test_serve_cpu import config
@@ -248,6 +249,34 @@ def test_a_running_deployment_is_measured_as_it_is(deployment, results_dir):
     assert s["external_endpoints"] and s["ok"] == 6 and s["match_rate"] == 1.0 and s["digest_checked"] == 0
     assert not (run.run_dir / "servers.json").exists() and not (run.run_dir / "baseline.log").exists()
     assert d["decode"].alive() and all(d[p].alive() for p in d["prefills"])
+
+
+@pytest.mark.engine
+def test_conversations_are_served_turn_after_turn(deployment, results_dir):
+    """workload=multiturn through the running deployment: each arrival starts a conversation and
+    each later turn goes once the previous one has its answer, on every path; the decode
+    instance finds the earlier turns in its own prefix cache (its transfer records, which the
+    fixture's instances write, say so)."""
+    d = deployment
+    run = run_harness(results_dir / "serve-multiturn", "runner=serve", f"serve.endpoints.baseline={d['baseline'].url}",
+                      f"serve.endpoints.disagg={d['router']}", "workload=multiturn", "workload.num_conversations=2",
+                      "workload.turns=3", "sampling.max_tokens=8", "serve.num_requests=2", "serve.request_rate=inf")
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["ok"] == s["base_ok"] == 6 and s["match_rate"] == 1.0
+    rows = run.jsonl("requests.jsonl")
+    for rows_of_path in (rows, [r for r in run.jsonl("baseline.jsonl") if r["path"] == "baseline"]):
+        by_conversation = {}
+        for r in sorted(rows_of_path, key=lambda r: r["sent_s"]):
+            by_conversation.setdefault(r["conversation"], []).append(r)
+        assert sorted(by_conversation) == [0, 1]
+        for turns in by_conversation.values():
+            assert [r["turn"] for r in turns] == [0, 1, 2]
+            for prev, r in zip(turns, turns[1:]):
+                assert r["sent_s"] >= prev["sent_s"] + prev["e2e_ms"] / 1e3  # after the previous answer
+                assert r["prompt_len"] >= prev["prompt_len"] + 8  # its prompt holds the previous answer
+    received = {r["transfer_id"]: r for r in read_jsonl(d["run_dir"] / "decode-transfers.jsonl")}
+    assert all(received[r["transfer_id"]]["skip_blocks"] >= 1 for r in rows if r["turn"])
 
 
 @pytest.mark.engine
