@@ -65,6 +65,22 @@ def test_prompts_extending_one_that_ended_on_a_block_boundary_on_cuda(strategy, 
     assert all(rows[i]["skip_blocks"] >= 1 and rows[i]["digest_match"] for i in EXTENDED[1:])
 
 
+@pytest.mark.parametrize("runner", ["offline", "serve"])
+def test_multiturn_conversations_on_cuda(runner, results_dir):
+    """workload=multiturn with CUDA graphs and the prefix cache on: every turn extends the previous
+    one and its answer, half of them ending on a block boundary; the decode engine finds the earlier
+    turns in its own cache, and every block a transfer wrote is judged by its digests."""
+    serve = ["runner=serve", "serve.num_requests=4", "serve.request_rate=inf"] if runner == "serve" else []
+    run = run_harness(results_dir / f"gpu-multiturn-{runner}", "strategy=fused", "workload=multiturn",
+                      "workload.num_conversations=4", "workload.turns=4", "sampling.max_tokens=16",
+                      "engine.max_model_len=1024", *serve, device="cuda")
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "ok" and s["digest_failures"] == 0 and s["digest_checked"] > 0
+    assert s["decode_prefix_hit_blocks"] > 0 and 0 < s["bytes_for_cached_blocks"] < s["total_bytes"]
+    assert s["mismatches"] - s.get("near_ties", 0) <= (s.get("baseline_self_mismatches") or 0)
+
+
 # Issue 14's scenarios that touch the CUDA path: pressure, and transfers dropped or truncated
 SCENARIOS = {
     "decode_preemption-fused": ["scenario=decode_preemption", "strategy=fused"],
