@@ -52,7 +52,8 @@ class JsonRecord:
 
     def to_dict(self) -> dict:
         # shallow: asdict's deep copy of a record's digests (2048 at 8k tokens of the Llama-3-8B
-        # shape) took 1.6 ms of the 1.8 ms it cost to write one, on both engines' critical paths
+        # shape) made writing one cost 0.61 ms on the H200 machine's host (now 0.16), on both
+        # engines' critical paths
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
