@@ -39,6 +39,8 @@ import uuid
 import aiohttp
 from aiohttp import web
 
+from transfer_strategies.kv_transfer_params import push_params
+
 POLICIES = ("round_robin", "least_outstanding")
 MARKS = "X-Router-Marks"
 
@@ -118,7 +120,7 @@ class Router:
 
     # ------------------------------------------------------------ the two requests
     def prefill_body(self, body: dict, transfer_id: str) -> dict:
-        params = {"do_remote_decode": True} if self.handoff == "pull" else {"transfer_id": transfer_id}
+        params = {"do_remote_decode": True} if self.handoff == "pull" else push_params(transfer_id)
         out = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": params}
         out.pop("stream_options", None)
         out.pop("max_completion_tokens", None)
@@ -130,9 +132,7 @@ class Router:
             if not params:
                 raise web.HTTPBadGateway(text="the prefill instance returned no kv_transfer_params")
         else:
-            params = {"transfer_id": transfer_id}
-            if self.decode_submit == "early":
-                params["load"] = "async"
+            params = push_params(transfer_id, early=self.decode_submit == "early")
         return {**body, "kv_transfer_params": params}
 
     async def _prefill(self, url: str, path: str, body: dict) -> dict:

@@ -37,6 +37,7 @@ from harness.schema import CRITICAL_PATH, OVERHEAD_PARTS, BaselineRow, RequestRo
 from harness.tracking import make_tracker
 from harness.verdict import judge
 from harness.workload import Prompt, Workload, WorkloadError
+from transfer_strategies.kv_transfer_params import push_params
 from transfer_strategies.records import (
     ComputeRecord,
     TransferRecord,
@@ -46,7 +47,6 @@ from transfer_strategies.records import (
     merge_ranks,
     rank_path,
 )
-from transfer_strategies.scheduler import ASYNC_LOAD
 from transfer_strategies.transport import remove_leftovers
 from transfer_strategies.transport.rendezvous import SCHEME
 
@@ -384,9 +384,7 @@ def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_r
     pull (vLLM's NixlConnector): the prefill request asks the engine to keep the KV for a remote
       decode; the engine answers where it is, and the decode request carries that answer."""
     if not pulls(strategy):
-        if stage == "decode" and early:
-            return {"transfer_id": transfer_id, "load": ASYNC_LOAD}
-        return {"transfer_id": transfer_id}
+        return push_params(transfer_id, early=stage == "decode" and early)
     if stage == "prefill":
         return {"do_remote_decode": True}
     params = (prefill_result or {}).get("kv_transfer_params")

@@ -44,6 +44,7 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
+from transfer_strategies import kv_transfer_params
 from transfer_strategies.records import ComputeRecord, TransferRecordWriter
 
 
@@ -83,19 +84,16 @@ class TransferMetadata(KVConnectorMetadata):
     idle: bool = False  # no tokens scheduled this step: the worker may wait for KV to arrive
 
 
-ASYNC_LOAD = "async"  # kv_transfer_params["load"] of a decode request submitted before its KV exists
-
-
 def blocks_for(num_tokens: int, block_size: int) -> int:
     return -(-num_tokens // block_size) if num_tokens > 0 else 0
 
 
 def transfer_id_of(request) -> str | None:
-    return (request.kv_transfer_params or {}).get("transfer_id")
+    return kv_transfer_params.transfer_id_of(request.kv_transfer_params)
 
 
 def loads_async(request) -> bool:
-    return (request.kv_transfer_params or {}).get("load") == ASYNC_LOAD
+    return kv_transfer_params.loads_async(request.kv_transfer_params)
 
 
 def single_group(block_ids):

@@ -1,0 +1,23 @@
+"""What a request to this project's connectors carries in vLLM's `kv_transfer_params`: the keys the
+harness and the router write and the scheduler side reads, in one module that imports neither vLLM
+nor torch (the harness judges its configuration before it imports either)."""
+
+from __future__ import annotations
+
+TRANSFER_ID = "transfer_id"  # both requests of one prompt: the prefill's send and the decode's receive meet by it
+LOAD = "load"
+ASYNC_LOAD = "async"  # LOAD of a decode request submitted before its KV exists (early submission)
+
+
+def push_params(transfer_id: str, early: bool = False) -> dict:
+    """kv_transfer_params of a request to a push strategy's engine; early: a decode request sent
+    with the prefill request, parked in vLLM until its KV is in."""
+    return {TRANSFER_ID: transfer_id, LOAD: ASYNC_LOAD} if early else {TRANSFER_ID: transfer_id}
+
+
+def transfer_id_of(params: dict | None) -> str | None:
+    return (params or {}).get(TRANSFER_ID)
+
+
+def loads_async(params: dict | None) -> bool:
+    return (params or {}).get(LOAD) == ASYNC_LOAD
