@@ -1,5 +1,5 @@
 # make demo : set up .venv and run the harness on the default config (fused, tiny-llama, smoke prompts)
-# make test : set up .venv, lint, and run every test (real vLLM engines on CPU; about 70 min on 2 cores, issue 26 is to shorten it)
+# make test : set up .venv, lint, and run every test (real vLLM engines on CPU; 53-70 min on 2 cores, issue 26 is to shorten it)
 # make test-fast : the tests that start no engine (seconds)
 PYTHON ?= python3
 VENV   := .venv
