@@ -591,14 +591,18 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             out.write(row)
             return row["token_ids"] == base_rows[p.index]["token_ids"]
 
+        def warm_up(stages, phase: str, timing: str) -> None:
+            """run.warmup_requests unrecorded requests through these stages first."""
+            if cfg.run.warmup_requests:
+                t0 = time.monotonic()
+                pipeline(stages, warmup_workload(workload, cfg.run.warmup_requests), cfg.run.request_timeout_s,
+                         lambda p, t0, results: None, phase=phase)
+                timings[timing] = time.monotonic() - t0
+
         colocated = [[(engines["baseline"], lambda p, r: sampling_params(cfg, cfg.sampling.max_tokens))]]
-        if cfg.run.warmup_requests:
-            # warmed up as the P/D path is: a cold engine's first batch (886 and 440 ms TTFT in two
-            # runs of the GPU TTFT benchmark) made mean P/D overheads negative
-            t0 = time.monotonic()
-            pipeline(colocated, warmup_workload(workload, cfg.run.warmup_requests), cfg.run.request_timeout_s,
-                     lambda p, t0, results: None, phase="baseline warm-up")
-            timings["baseline_warmup_s"] = time.monotonic() - t0
+        # warmed up as the P/D path is: a cold engine's first batch (886 and 440 ms TTFT in two runs
+        # of the GPU TTFT benchmark) made mean P/D overheads negative
+        warm_up(colocated, "baseline warm-up", "baseline_warmup_s")
         t0 = time.monotonic()
         pipeline(colocated, workload, cfg.run.request_timeout_s, on_base)
         timings["baseline_s"] = time.monotonic() - t0
@@ -629,13 +633,9 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         decode = (engines["decode"], lambda p, r: sampling_params(
             cfg, cfg.sampling.max_tokens, handoff_params(s, "decode", tid(p), r[0], early)))
         disagg = [[prefill, decode]] if early else [[prefill], [decode]]
-        if cfg.run.warmup_requests:
-            # The engines warmed up on their own, but not through the connector: its first
-            # transfers pay one-off costs (first copies, CUDA IPC mapping, digest weights)
-            t0 = time.monotonic()
-            pipeline(disagg, warmup_workload(workload, cfg.run.warmup_requests), cfg.run.request_timeout_s,
-                     lambda p, t0, results: None, phase="warm-up")
-            timings["warmup_s"] = time.monotonic() - t0
+        # The engines warmed up on their own, but not through the connector: its first transfers
+        # pay one-off costs (first copies, CUDA IPC mapping, digest weights)
+        warm_up(disagg, "warm-up", "warmup_s")
 
         t0 = time.monotonic()
         pipeline(disagg, workload, cfg.run.request_timeout_s, on_disagg,

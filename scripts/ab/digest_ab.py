@@ -59,6 +59,16 @@ def parse() -> argparse.Namespace:
 
 
 # ----------------------------------------------------------------------------- in one tree's process
+def host_ms(reps: int, fn, *args) -> list[float]:
+    """fn(*args)'s host time per call, reps calls."""
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn(*args)
+        out.append((time.perf_counter() - t0) * 1e3)
+    return out
+
+
 def worker(args: argparse.Namespace) -> None:
     import torch
 
@@ -125,12 +135,7 @@ def worker(args: argparse.Namespace) -> None:
                         ks.append(start.elapsed_time(end))
                 row["kernel_ms"] = statistics.median(ks)
                 row["gbps"] = row["kv_bytes"] / row["kernel_ms"] / 1e6
-                hx = []
-                for _ in range(args.reps):
-                    t0 = time.perf_counter()
-                    digests._hex(total)
-                    hx.append((time.perf_counter() - t0) * 1e3)
-                row["hex_ms"] = statistics.median(hx)
+                row["hex_ms"] = statistics.median(host_ms(args.reps, digests._hex, total))
             # the record that carries them
             fields = {f.name for f in __import__("dataclasses").fields(rec_mod.TransferRecord)}
             kw = {"transfer_id": "abcdef-7", "side": "receive", "strategy": "FusedConnector", "blocks": n,
@@ -142,21 +147,11 @@ def worker(args: argparse.Namespace) -> None:
             if "block_ids" in fields:
                 kw["block_ids"] = list(ids)
             record = rec_mod.TransferRecord(**{k: v for k, v in kw.items() if k in fields})
-            rs = []
-            for _ in range(args.reps):
-                t0 = time.perf_counter()
-                line = json.dumps(record.to_dict())
-                rs.append((time.perf_counter() - t0) * 1e3)
-            row["record_ms"] = statistics.median(rs)
-            row["record_bytes"] = len(line)
+            row["record_ms"] = statistics.median(host_ms(args.reps, lambda r: json.dumps(r.to_dict()), record))
+            row["record_bytes"] = len(json.dumps(record.to_dict()))
             with tempfile.TemporaryDirectory() as tmp:
                 writer = rec_mod.TransferRecordWriter(Path(tmp) / "r.jsonl")
-                ws = []
-                for _ in range(args.reps):
-                    t0 = time.perf_counter()
-                    writer.write(record)
-                    ws.append((time.perf_counter() - t0) * 1e3)
-                row["write_ms"] = statistics.median(ws)
+                row["write_ms"] = statistics.median(host_ms(args.reps, writer.write, record))
             results.append(row)
     for r in results:
         print("RESULT " + json.dumps(r), flush=True)
