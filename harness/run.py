@@ -336,13 +336,14 @@ class TransferStats:
 
     def _take(self, transfer_id: str, side: str, wait_s: float) -> list:
         """A transfer side's records, one per worker (its last), handed out once, waiting up to
-        wait_s for the last worker's (a decode worker writes the record of a request it had
-        nothing to load for when the message comes, which can be after the request finished)."""
+        wait_s for the last worker's: a worker writes a record once its digests are in, off the
+        engine's step (records.RecordQueue), and a decode worker the record of a request it had
+        nothing to load for when the message comes; either can be after the request finished."""
         want = self.workers.get(side, 1)
         deadline = time.monotonic() + wait_s
         while self._workers_in(transfer_id, side) < want:
             self._read()
-            waits = self.expected and side == "receive"  # the one written after its request can finish
+            waits = self.expected
             if (not waits and (transfer_id, side) not in self.records) or time.monotonic() > deadline:
                 break
             if self._workers_in(transfer_id, side) < want:

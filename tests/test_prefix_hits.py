@@ -29,7 +29,7 @@ def record(w: TransferWorker, req: TransferRequest, rank: int = 0) -> TransferRe
     return TransferRecord(transfer_id=req.transfer_id, side="send" if w.is_producer else "receive", strategy="x",
                           blocks=len(req.block_ids), skip_blocks=req.skip_blocks, tokens=req.num_tokens,
                           kv_cache_blocks=NUM_BLOCKS, kv_cache_bytes=0, bytes=0, messages=1, rank=rank,
-                          digests=w.transfer_digests(req))
+                          digests=w.digests(w.transfer_block_ids(req)))
 
 
 def rewrite_last_slot(w: TransferWorker, block: int) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +37,9 @@ from pathlib import Path
 #   7: runner=serve's rows near_tie too (its summary near_ties)
 #   8: a receive record's digests cover the blocks the transfer wrote (block_ids[skip_blocks:]),
 #      not the decode engine's own prefix-cache hits; a transfer that wrote nothing has none to judge
-SCHEMA_VERSION = 8
+#   9: digests off the engines' steps: t_kv_checked is when they were launched on the device,
+#      digest_ms their own time (the device's, then the hex), no longer the step's
+SCHEMA_VERSION = 9
 UNVERSIONED = 1  # what a row without schema_version is
 
 
@@ -88,7 +91,7 @@ class TransferRecord(JsonRecord):
     t_arrived: float | None = None  # receive: the last message's doorbell reached this worker
     t_load_start: float | None = None  # receive: this worker began taking the KV
     t_kv_ready: float | None = None  # receive: the KV in this engine's own blocks
-    t_kv_checked: float | None = None  # receive: its digests computed (check.digests), right after t_kv_ready
+    t_kv_checked: float | None = None  # receive: its digests launched (check.digests), right after t_kv_ready
     t_decode_scheduled: float | None = None  # receive: vLLM scheduled the step computing the first token
     error: str | None = None  # receive: why the KV was not loaded (the request failed or recomputed)
     fault: str | None = None  # send: the transport fault a scenario injected into this transfer
@@ -126,7 +129,7 @@ def digests_agree(sent: list[TransferRecord], received: list[TransferRecord], p:
     in the blocks the transfer wrote (tp.shares: who sends which head to whom).
 
     Only the written blocks are judged: the decode side digests those past its own prefix-cache
-    hits (skip_blocks; worker.transfer_digests), so the sender's digests are compared from that
+    hits (skip_blocks; worker.transfer_block_ids), so the sender's digests are compared from that
     block on. A cached block may hold a token the decode engine computed itself, in other bits
     than the prefill's (seen on a GPU, and on CPU between TP degrees). Judged per channel, not
     over an engine's merged records: where the prefill engine replicates a head (more workers
@@ -210,6 +213,43 @@ class TransferRecordWriter:
         line = json.dumps(record.to_dict()) + "\n"
         with self._lock, open(self.path, "a") as f:
             f.write(line)
+
+
+class RecordQueue:
+    """Writes the transfer records whose digests the device is still computing, from a thread of
+    its own once they are in (`pending.result()`: digests.PendingDigests), so that no engine
+    step waits for them; a record without pending digests is written at once. `flush` returns
+    when everything put has been written."""
+
+    def __init__(self, writer: TransferRecordWriter):
+        self.writer = writer
+        self._queue: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def put(self, record: TransferRecord, pending=None) -> None:
+        if pending is None:
+            self.writer.write(record)
+            return
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="transfer-records", daemon=True)
+            self._thread.start()
+        self._queue.put((record, pending))
+
+    def _run(self) -> None:
+        while True:
+            record, pending = self._queue.get()
+            try:
+                record.digests = pending.result()
+                record.digest_ms = pending.ms
+            except Exception as e:  # noqa: BLE001 - the record says so: its transfer is not judged equal
+                record.error = f"its digests could not be computed: {e!r}"
+            try:
+                self.writer.write(record)
+            finally:
+                self._queue.task_done()
+
+    def flush(self) -> None:
+        self._queue.join()
 
 
 class TransferRecordReader:

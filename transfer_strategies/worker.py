@@ -19,13 +19,13 @@ import time
 import torch
 
 from transfer_strategies.clock import SendClock
-from transfer_strategies.digests import BlockDigests
+from transfer_strategies.digests import BlockDigests, PendingDigests
 from transfer_strategies.faults import WITHHELD, FaultInjector, TransferFault, check_message, header
 from transfer_strategies.head_shards import open_sharded
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.negative_control import corrupt_received
 from transfer_strategies.parking import ParkedRequests
-from transfer_strategies.records import TransferRecord, TransferRecordWriter, rank_path
+from transfer_strategies.records import RecordQueue, TransferRecord, TransferRecordWriter, rank_path
 from transfer_strategies.scheduler import TransferRequest
 from transfer_strategies.tp import Placement, Share
 from transfer_strategies.transport import Message, open_channel
@@ -43,7 +43,7 @@ class TransferWorker:
         self.transport = transport
         self.verify = bool(harness.get("verify", True))
         self.corrupt = bool(harness.get("corrupt", False))
-        self.records: TransferRecordWriter | None = None  # opened in register, when this worker's rank is known
+        self.records: RecordQueue | None = None  # opened in register, when this worker's rank is known
         self.kv: KVBlocks | None = None
         self.place: Placement | None = None
         self.channel = None
@@ -52,7 +52,8 @@ class TransferWorker:
         self.faults = FaultInjector(harness.get("fault"), self.timeout_s)  # prefill: a scenario's transport faults
         self.parking = ParkedRequests(self.timeout_s)  # decode, early submission
         self._scheduled_at: dict[str, float] = {}  # req id -> when its first decode step was scheduled
-        self._unwritten: dict[str, TransferRecord] = {}  # receive records waiting for that stamp
+        # receive records waiting for that stamp, with their digests
+        self._unwritten: dict[str, tuple[TransferRecord, PendingDigests | None]] = {}
 
     def register(self, kv_caches: dict[str, torch.Tensor], num_blocks: int, block_size: int,
                  place: Placement | None = None) -> None:
@@ -78,7 +79,7 @@ class TransferWorker:
         self.place = place
         rank = 0 if place is None else place.rank
         if self.harness.get("stats_path"):
-            self.records = TransferRecordWriter(rank_path(self.harness["stats_path"], rank))
+            self.records = RecordQueue(TransferRecordWriter(rank_path(self.harness["stats_path"], rank)))
         self.kv = KVBlocks(kv_caches, num_blocks, None if place is None else len(place.heads))
         self.digests = BlockDigests(self.kv, None if place is None else place.heads)
 
@@ -159,7 +160,7 @@ class TransferWorker:
         their KV arrives, messages to drain, parked requests it cancelled, first steps scheduled."""
         for req in meta.parked:
             self.parking.park(req)
-        for req in meta.drains:  # nothing is written: no digest to take (transfer_digests)
+        for req in meta.drains:  # nothing is written: no digest to take (transfer_block_ids)
             scheduled = meta.scheduled.pop(req.req_id, None)
             self.channel.when_complete(req.transfer_id, lambda msgs, req=req, t=scheduled: self._drained(req, msgs, t))
         for rid in meta.cancelled:
@@ -167,12 +168,12 @@ class TransferWorker:
             if tid is not None:
                 self._drop(tid)
             if rid in self._unwritten:  # loaded, then finished before vLLM scheduled it
-                self._write_receive(self._unwritten.pop(rid), rid)
+                self._write_receive(*self._unwritten.pop(rid), rid)
         self.parking.scheduled(meta.scheduled)
         if self.records is not None:
             self._scheduled_at.update(meta.scheduled)
         for rid in [r for r in self._unwritten if r in self._scheduled_at]:
-            self._write_receive(self._unwritten.pop(rid), rid)
+            self._write_receive(*self._unwritten.pop(rid), rid)
 
     def arrived(self, idle: bool) -> list[TransferRequest]:
         """Parked or draining requests whose messages have all arrived (the facade receives
@@ -250,23 +251,23 @@ class TransferWorker:
         if self.kv.device.type == "cuda":
             torch.cuda.synchronize(self.kv.device)
 
-    def transfer_digests(self, req: TransferRequest) -> dict[str, list[str]]:
-        """The digests that judge a transfer, per KV head: on the prefill side of every block
-        sent, on the decode side of the blocks the transfer wrote (past the engine's own
-        prefix-cache hits). A cached block is not the transfer's: the decode engine may have
-        computed part of it itself (the last prompt token of an earlier request that ended on
-        the block's last slot), and on a GPU its bits differ from the prefill's in the last
-        place. The harness compares the sender's digests past the receiver's skip_blocks
+    def transfer_block_ids(self, req: TransferRequest) -> list[int]:
+        """The blocks whose digests judge a transfer: on the prefill side every block sent, on
+        the decode side the blocks the transfer wrote (past the engine's own prefix-cache
+        hits). A cached block is not the transfer's: the decode engine may have computed part
+        of it itself (the last prompt token of an earlier request that ended on the block's
+        last slot), and on a GPU its bits differ from the prefill's in the last place. The
+        harness compares the sender's digests past the receiver's skip_blocks
         (records.digests_agree)."""
-        return self.digests(req.block_ids if self.is_producer else req.written_block_ids)
+        return list(req.block_ids if self.is_producer else req.written_block_ids)
 
     def _record(self, req: TransferRequest, side: str, **times) -> None:
-        digests = digest_ms = None
-        if self.verify and "error" not in times:
-            t0 = time.monotonic()
-            digests = self.transfer_digests(req)
-            digest_ms = (time.monotonic() - t0) * 1e3
-        if "t_kv_ready" in times:  # the digests sit between the KV's arrival and its use
+        pending = None
+        if self.verify and self.records is not None and "error" not in times:
+            # queued on the device's stream before any later forward pass can write these blocks;
+            # turned into hex and written by the record queue's thread, off this step
+            pending = self.digests.launch(self.transfer_block_ids(req))
+        if "t_kv_ready" in times:  # what checking the KV held up the request (launching its digests)
             times["t_kv_checked"] = time.monotonic()
         if self.records is None:
             return
@@ -275,23 +276,24 @@ class TransferWorker:
             rank=0 if self.place is None else self.place.rank,
             block_ids=list(req.block_ids),
             skip_blocks=req.skip_blocks, tokens=req.num_tokens, kv_cache_blocks=self.kv.num_blocks,
-            kv_cache_bytes=self.kv.cache_bytes(), bytes=req.bytes, messages=req.messages,
-            digests=digests, digest_ms=digest_ms, **times)
+            kv_cache_bytes=self.kv.cache_bytes(), bytes=req.bytes, messages=req.messages, **times)
         if side == "send" or "t_decode_scheduled" in times:
-            self.records.write(record)
+            self.records.put(record, pending)
         elif req.req_id in self._scheduled_at or "error" in times:
-            self._write_receive(record, req.req_id)
+            self._write_receive(record, pending, req.req_id)
         else:  # parked: written when vLLM schedules its first decode step
-            self._unwritten[req.req_id] = record
+            self._unwritten[req.req_id] = (record, pending)
 
-    def _write_receive(self, record: TransferRecord, req_id: str) -> None:
+    def _write_receive(self, record: TransferRecord, pending: PendingDigests | None, req_id: str) -> None:
         record.t_decode_scheduled = self._scheduled_at.pop(req_id, None)
-        self.records.write(record)
+        self.records.put(record, pending)
 
     def held(self) -> dict:
         """What this worker still holds once every request has ended (all 0 unless something
         leaked): prefill, staging regions of the receiver's buffer; decode, transfers whose
         messages wait in its inbox and requests parked for KV."""
+        if self.records is not None:
+            self.records.flush()  # every transfer so far in its file before the harness reads on
         if self.channel is None:
             return {}
         if self.is_producer:
@@ -299,5 +301,7 @@ class TransferWorker:
         return {"transfers": self.channel.inbox.held(), "parked": self.parking.count()}
 
     def close(self) -> None:
+        if self.records is not None:
+            self.records.flush()
         if self.channel is not None:
             self.channel.close()
