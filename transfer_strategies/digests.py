@@ -60,20 +60,25 @@ class BlockDigests:
         """The digests of these blocks as they are at this point of the device's stream, queued
         there (on a CPU, computed now)."""
         device = self.kv.device
+        if not block_ids:  # nothing for the device to do (a drained transfer, in the channel's thread)
+            return PendingDigests(self.keys, torch.zeros(len(self.keys), 0, dtype=torch.int64), lambda: 0.0)
         timer = _StreamTimer(device)
         total = torch.zeros(len(block_ids), len(self.keys), dtype=torch.int64, device=device)
-        if self.kernel is not None and block_ids:
+        if self.kernel is not None:
             ids = torch.tensor(list(block_ids), dtype=torch.int64)
             if device.type == "cuda":  # pinned and non_blocking: a plain copy would wait for the stream
                 ids = ids.pin_memory().to(device, non_blocking=True)
             self.kernel.add_to(total, ids)
-        elif block_ids:
+        else:
             for k, words in enumerate(self._block_words(block_ids)):
                 for at, w in words:  # at: where these blocks sit in block_ids; w: [blocks, heads, words] int32
                     h = torch.mul(w, self._weights_for(w.shape[2], k)).sum(dim=2, dtype=torch.int64)
                     total[at:at + w.shape[0]] += h
-        # [heads, blocks]; non_blocking: into pinned host memory, read back once the stream is there
-        cols = total.t().contiguous().to("cpu", non_blocking=device.type == "cuda")
+        # [heads, blocks], read back into pinned host memory without waiting: in hand once the
+        # stream gets there (PendingDigests.result waits for it)
+        cols = total.t().contiguous()
+        if device.type == "cuda":
+            cols = torch.empty(cols.shape, dtype=cols.dtype, pin_memory=True).copy_(cols, non_blocking=True)
         return PendingDigests(self.keys, cols, timer.stop())
 
     def _per_head(self, blocks: torch.Tensor, head_axis: int | None) -> torch.Tensor:
