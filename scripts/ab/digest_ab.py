@@ -17,6 +17,8 @@ Per tree, medians of --reps timed calls after 3 warm-up calls:
   kernel_ms   the Triton kernel alone (CUDA events around DigestKernel.add_to)
   call_ms     BlockDigests(block_ids) as the worker calls it: ids to the GPU, kernel, .cpu(), hex
               strings (host clock, GPU idle before); the `check` part's own cost
+  launch_ms   where the digests are launched off the step (digests.launch): queuing them, the step's
+              only share of their cost (host clock, GPU idle before; launch_ms_max the slowest call)
   hex_ms      the hex formatting alone (one string per block, per KV head in new trees)
   record_ms   json.dumps(TransferRecord(...).to_dict()) with those digests (and block_ids where the
               record has them): what the receive record's write costs right before the decode
@@ -135,7 +137,20 @@ def worker(args: argparse.Namespace) -> None:
                         ks.append(start.elapsed_time(end))
                 row["kernel_ms"] = statistics.median(ks)
                 row["gbps"] = row["kv_bytes"] / row["kernel_ms"] / 1e6
-                row["hex_ms"] = statistics.median(host_ms(args.reps, digests._hex, total))
+                if hasattr(digests, "_hex"):  # before the digests left the step
+                    row["hex_ms"] = statistics.median(host_ms(args.reps, digests._hex, total))
+            if hasattr(digests, "launch"):  # the step's share: queue them, no wait (GPU idle before)
+                launch, hexed = [], []
+                for _ in range(args.reps):
+                    sync()
+                    t0 = time.perf_counter()
+                    pending = digests.launch(ids)
+                    launch.append((time.perf_counter() - t0) * 1e3)
+                    sync()
+                    hexed += host_ms(1, pending.result)
+                row["launch_ms"] = statistics.median(launch)
+                row["launch_ms_max"] = max(launch)
+                row["hex_ms"] = statistics.median(hexed)
             # the record that carries them
             fields = {f.name for f in __import__("dataclasses").fields(rec_mod.TransferRecord)}
             kw = {"transfer_id": "abcdef-7", "side": "receive", "strategy": "FusedConnector", "blocks": n,
@@ -187,7 +202,7 @@ def main() -> int:
                 r.update(tree=Path(tree).name, commit=commit)
                 rows.append(r)
     cols = ["tree", "commit", "path", "tokens", "blocks", "per_head", "kernel_ms", "gbps", "call_ms", "call_ms_min",
-            "hex_ms", "record_ms", "record_bytes", "write_ms"]
+            "launch_ms", "launch_ms_max", "hex_ms", "record_ms", "record_bytes", "write_ms"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         cells = []
