@@ -25,7 +25,7 @@ demo: setup
 	$(BIN)/python -m harness
 
 test: setup lint
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not engine and not gpu and not slow"
