@@ -28,8 +28,8 @@ import urllib.request
 from pathlib import Path
 
 from harness import process_group
+from harness.engine_config import free_port
 from harness.records import PROJECT_ROOT
-from harness.run import free_port
 
 # engine_args keys that are not vllm serve flags, or that serving must not take as they are
 _NOT_FLAGS = {"model", "disable_log_stats"}  # model is positional; stats feed /metrics (KV usage)

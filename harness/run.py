@@ -6,9 +6,7 @@ Everything that can be wrong with the config is checked before any engine starts
 
 from __future__ import annotations
 
-import os
 import random
-import socket
 import sys
 import time
 import uuid
@@ -19,12 +17,21 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
-from harness.ceiling import copy_ceiling_gbps, link_ceiling_gbps
-from harness.checks import ConfigError, checked_inputs, decode_submit, engine_overrides, tp_degree
+from harness.ceiling import copy_ceiling_gbps
+from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.compare import compare_outputs
-from harness.engine_process import NETNS_ENV, EngineDied, EngineProcess, next_events, wait_ready
+from harness.engine_config import (
+    channel_files,
+    engine_args,
+    engine_env,
+    free_port,
+    link_ceiling,
+    pulls,
+    tp_degrees,
+    transfer_config,
+)
+from harness.engine_process import EngineDied, EngineProcess, next_events, wait_ready
 from harness.records import (
-    PROJECT_ROOT,
     JsonlWriter,
     ended_early,
     format_table,
@@ -33,136 +40,13 @@ from harness.records import (
     versions,
     write_json,
 )
-from harness.schema import CRITICAL_PATH, OVERHEAD_PARTS, BaselineRow, RequestRow
+from harness.schema import BaselineRow, RequestRow
 from harness.tracking import make_tracker
+from harness.transfers import TransferStats, compute_fields, timeline, ttft_overhead_parts
 from harness.verdict import judge
-from harness.workload import Prompt, Workload, WorkloadError
+from harness.workload import Prompt, Workload, WorkloadError, warmup_workload
 from transfer_strategies.kv_transfer_params import push_params
-from transfer_strategies.records import (
-    ComputeRecord,
-    TransferRecord,
-    TransferRecordReader,
-    compute_path,
-    digests_agree,
-    merge_ranks,
-    rank_path,
-)
 from transfer_strategies.transport import remove_leftovers
-from transfer_strategies.transport.rendezvous import SCHEME
-
-
-# ---------------------------------------------------------------------- engines
-def engine_args(cfg: DictConfig, device: str, role: str | None = None) -> dict:
-    """vllm.LLM arguments of one engine (role: baseline, prefill or decode; None: engine only)."""
-    e = cfg.engine
-    eager = device == "cpu" if e.enforce_eager is None else e.enforce_eager  # CUDA graphs on a GPU by default
-    args = {"model": str(cfg.model.path), "tokenizer": str(cfg.model.path), "dtype": e.dtype,
-            "load_format": cfg.model.load_format, "block_size": e.block_size, "max_model_len": e.max_model_len,
-            "enforce_eager": eager, "seed": e.seed, "enable_prefix_caching": e.prefix_caching,
-            "max_num_seqs": e.max_num_seqs, "disable_log_stats": True}
-    # A fixed KV size, the same for every engine (on a GPU, vLLM's own profiling would count the
-    # other engines starting beside it)
-    args["kv_cache_memory_bytes"] = int(e.kv_cache_gib * 2**30)
-    if device == "cuda":
-        args["gpu_memory_utilization"] = e.gpu_memory_utilization
-    args.update(engine_overrides(cfg, role))
-    if (args.get("tensor_parallel_size") or 1) > 1:
-        args.setdefault("distributed_executor_backend", "mp")  # a worker process per rank, on CPU too
-    return args
-
-
-def tp_degrees(cfg: DictConfig) -> tuple[int, int]:
-    """The prefill and decode engines' tensor-parallel degrees (engine.extra, engines.<role>)."""
-    return tp_degree(cfg, "prefill"), tp_degree(cfg, "decode")
-
-
-def engine_env(cfg: DictConfig, device: str, gpu: int, role: str | None = None) -> dict:
-    """role: baseline, prefill or decode (None: an engine of no role)."""
-    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in the engine process: one process to stop
-           "TOKENIZERS_PARALLELISM": "false", "GLOO_SOCKET_IFNAME": "lo",
-           "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    if Path(str(cfg.model.path)).is_dir():
-        env["HF_HUB_OFFLINE"] = "1"
-    if role in ("prefill", "decode"):
-        netns = cfg.run.get("netns", {}).get(role)
-        if netns:
-            env[NETNS_ENV] = netns  # engine_process enters it before vLLM starts
-        ifname = cfg.transport.get("ifname")
-        if ifname or cfg.transport.get("address"):  # gloo (the KV channel's, vLLM's own) on the link between hosts
-            env.pop("GLOO_SOCKET_IFNAME")
-            if ifname:
-                env["GLOO_SOCKET_IFNAME"] = ifname
-    if device == "cpu":
-        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # engines share the cores
-        # OpenMP threads otherwise spin for up to 200 ms after each parallel region, starving
-        # the other engines (and the KV receiver thread) on a machine with few cores
-        env["OMP_WAIT_POLICY"] = "PASSIVE"
-        env["KMP_BLOCKTIME"] = "0"
-    else:
-        # Own GPU first (vLLM uses cuda:0), the others visible too, so that a staging buffer shared
-        # through CUDA IPC from another GPU is read over NVLink peer access. `gpu` counts the GPUs
-        # this process sees: under Slurm or submitit CUDA_VISIBLE_DEVICES already names them.
-        import torch
-
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        ids = visible.split(",") if visible else [str(g) for g in range(torch.cuda.device_count())]
-        env["CUDA_VISIBLE_DEVICES"] = ",".join([ids[gpu], *(d for i, d in enumerate(ids) if i != gpu)])
-    return env
-
-
-def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path | list[Path], stats_path: Path) -> dict:
-    """vLLM's kv_transfer_config for the prefill or decode engine. This project's connectors get
-    what the harness sets, the strategy's own params and the transport's settings in sections of
-    their own (a strategy param cannot shadow a harness value); vLLM's own connectors (no
-    strategy.module) get their params as they are."""
-    s = cfg.strategy
-    role = s.get("roles", {}).get(engine) or {"prefill": "kv_producer", "decode": "kv_consumer"}[engine]
-    params = OmegaConf.to_container(s.params, resolve=True) if s.params else {}
-    out = {"kv_connector": s.connector, "kv_role": role, "kv_connector_extra_config": params}
-    if cfg.run.get("kv_load_failure_policy"):
-        out["kv_load_failure_policy"] = cfg.run.kv_load_failure_policy
-    if not s.module:
-        return out
-    rendezvous = [str(p) for p in rendezvous] if isinstance(rendezvous, list) else str(rendezvous)
-    fault = cfg.scenario.get("fault")
-    address = cfg.transport.get("address")
-    if address:  # the prefill worker listens there, the decode worker connects (rendezvous.py)
-        rendezvous = f"{SCHEME}{address}"
-    harness = {"rendezvous": rendezvous, "host": address.rpartition(":")[0] if address else "127.0.0.1",
-               "stats_path": str(stats_path),
-               "tp": dict(zip(("prefill", "decode"), tp_degrees(cfg))),
-               "verify": bool(cfg.check.digests), "corrupt": bool(cfg.check.corrupt),
-               "checksums": bool(cfg.check.checksums), "timeout_s": float(cfg.run.transfer_timeout_s),
-               # the other engine may take this long to start before the channel opens
-               "startup_timeout_s": float(cfg.run.startup_timeout_s),
-               "decode_submit": decode_submit(cfg),
-               "fault": OmegaConf.to_container(fault, resolve=True) if fault and engine == "prefill" else None}
-    transport = {"staging_mb": None, **OmegaConf.to_container(cfg.transport, resolve=True)}
-    out.update(kv_connector_module_path=s.module,
-               kv_connector_extra_config={"harness": harness, "strategy": params, "transport": transport})
-    return out
-
-
-def link_ceiling(cfg: DictConfig) -> float | str | None:
-    """Where the KV crosses a network (transport=gloo with transport.address), that link's own
-    GB/s, measured now between where the two engines run; None elsewhere (copy_ceiling_gbps)."""
-    address = cfg.transport.get("address")
-    if not address or cfg.transport.kind != "gloo":
-        return None
-    return link_ceiling_gbps(address.rpartition(":")[0], dict(cfg.run.get("netns") or {}), cfg.transport.get("ifname"))
-
-
-def channel_files(rendezvous: Path, p: int, d: int) -> list[Path]:
-    """The rendezvous files of a p -> d run's channels (tp.Placement.rendezvous; a superset)."""
-    if p == d == 1:
-        return [rendezvous]
-    return [Path(f"{rendezvous}.p{r}d{q}") for r in range(p) for q in range(d)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 # ---------------------------------------------------------------------- driving requests
@@ -290,90 +174,12 @@ def settled_usage(engines: list[EngineProcess], settle_s: float = 15.0) -> tuple
         time.sleep(0.5)
 
 
-def warmup_workload(workload: Workload, n: int) -> Workload:
-    """n prompts for warming up the P/D path: as long as the workload's longest, so every copy
-    path it takes is taken once, but other tokens (its tokens reversed, then rotated), so that
-    no measured prompt finds them in a prefix cache. Negative indices keep their transfer ids
-    apart from the measured ones."""
-    tokens = max(workload.prompts, key=lambda p: len(p.token_ids)).token_ids[::-1]
-    # a conversation's later turns are built as the baseline answers them, after runner=serve's
-    # warm-up: their known length, in the tokens there are
-    length = max(map(workload.prompt_len, workload.prompts))
-    tokens = (tokens * -(-length // len(tokens)))[:length]
-    return Workload("warm-up", [Prompt(-1 - i, tokens[i:] + tokens[:i]) for i in range(n)], concurrency=1)
-
-
-class TransferStats:
-    """The connectors' records, read as they are appended: each file from where the last read
-    stopped, only when a record asked for is not in yet. Sides: the workers' transfer records
-    ("send", "receive"), one per worker of the engine (tensor parallelism), merged, and the
-    scheduler sides' compute records ("prefill", "decode") written beside them."""
-
-    def __init__(self, *paths: Path, tp: tuple[int, int] = (1, 1), expected: bool = False):
-        """paths: the prefill engine's records, then the decode engine's (serving mode: any number
-        of engines of one worker each); tp: the prefill and decode engines' degrees; expected:
-        every transfer has records (this project's connectors), so a missing one is waited for."""
-        self.expected = expected
-        degrees = tp if len(paths) == 2 else (1,) * len(paths)
-        self.workers = {"send": tp[0], "receive": tp[1]}
-        self.readers = [TransferRecordReader(rank_path(p, r)) for p, n in zip(paths, degrees) for r in range(n)]
-        self.readers += [TransferRecordReader(compute_path(p), ComputeRecord) for p in paths]
-        self.records: dict[tuple[str, str], list[TransferRecord | ComputeRecord]] = {}
-
-    def has_both(self, transfer_id: str) -> bool:
-        """Whether both sides' records of this transfer are in, from every worker (reading what
-        was appended)."""
-        self._read()
-        return all(self._workers_in(transfer_id, side) >= n for side, n in self.workers.items())
-
-    def _workers_in(self, transfer_id: str, side: str) -> int:
-        return len({getattr(r, "rank", 0) for r in self.records.get((transfer_id, side), ())})
-
-    def _read(self) -> None:
-        for reader in self.readers:
-            for r in reader.read_new():
-                self.records.setdefault((r.transfer_id, r.side), []).append(r)
-
-    def _take(self, transfer_id: str, side: str, wait_s: float) -> list:
-        """A transfer side's records, one per worker (its last), handed out once, waiting up to
-        wait_s for the last worker's: a worker writes a record once its digests are in, off the
-        engine's step (records.RecordQueue), and a decode worker the record of a request it had
-        nothing to load for when the message comes; either can be after the request finished."""
-        want = self.workers.get(side, 1)
-        deadline = time.monotonic() + wait_s
-        while self._workers_in(transfer_id, side) < want:
-            self._read()
-            waits = self.expected
-            if (not waits and (transfer_id, side) not in self.records) or time.monotonic() > deadline:
-                break
-            if self._workers_in(transfer_id, side) < want:
-                time.sleep(0.01)
-        found = self.records.pop((transfer_id, side), [])
-        return list({getattr(r, "rank", 0): r for r in found}.values())
-
-    def take(self, transfer_id: str, side: str) -> ComputeRecord | None:
-        """A scheduler side's compute record ("prefill", "decode"; None: the strategy writes none)."""
-        found = self._take(transfer_id, side, 0.0)
-        return found[0] if found else None
-
-    def take_transfer(self, transfer_id: str) -> tuple[TransferRecord | None, TransferRecord | None, bool | None]:
-        """Both sides' records, each merged over its engine's workers, and whether the decode
-        workers hold what the prefill workers sent, head by head (records.digests_agree)."""
-        sends, receives = self._take(transfer_id, "send", 1.0), self._take(transfer_id, "receive", 1.0)
-        return (merge_ranks(sends) if sends else None, merge_ranks(receives) if receives else None,
-                digests_agree(sends, receives, self.workers["send"], self.workers["receive"]))
-
-
 def sampling_params(cfg: DictConfig, max_tokens: int, kv_transfer_params: dict | None = None) -> dict:
     sp = {"temperature": 0.0, "max_tokens": max_tokens, "ignore_eos": True, "logprobs": cfg.sampling.logprobs,
           "detokenize": False}
     if kv_transfer_params is not None:
         sp["extra_args"] = {"kv_transfer_params": kv_transfer_params}
     return sp
-
-
-def pulls(strategy: DictConfig) -> bool:
-    return strategy.get("handoff", "push") == "pull"
 
 
 def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_result: dict | None,
@@ -393,52 +199,6 @@ def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_r
         raise EngineDied(f"the prefill engine returned no kv_transfer_params for {transfer_id}: "
                          f"strategy {strategy.name!r} cannot hand the request to the decode engine")
     return params
-
-
-TIMELINE = ("prefill_admitted", "forward_done", "sent", "decode_submitted", "decode_admitted", "kv_arrived",
-            "load_start", "kv_ready", "kv_checked", "decode_scheduled", "prefill_token", "first_token")
-
-
-def timeline(t0: float, pre: dict, dec: dict, send: TransferRecord | None, recv: TransferRecord | None) -> dict:
-    """One request's events on one clock (time.monotonic() in every process), in ms since the
-    prefill request was submitted: t_<event>_ms for each of TIMELINE (None where unseen)."""
-    stamps = {"prefill_token": pre["first_token_t"], "first_token": dec["first_token_t"],
-              "decode_submitted": dec["submitted_t"]}
-    if send is not None:
-        stamps.update(prefill_admitted=send.t_admitted, forward_done=send.t_forward_done, sent=send.t_sent)
-    if recv is not None:
-        stamps.update(decode_admitted=recv.t_admitted, kv_arrived=recv.t_arrived, load_start=recv.t_load_start,
-                      kv_ready=recv.t_kv_ready, kv_checked=recv.t_kv_checked, decode_scheduled=recv.t_decode_scheduled)
-    return {f"t_{e}_ms": None if stamps.get(e) is None else (stamps[e] - t0) * 1e3 for e in TIMELINE}
-
-
-def ttft_overhead_parts(t: dict, base_ttft_ms: float, kv_gates_first_token: bool = True) -> dict:
-    """The TTFT overhead against the colocated baseline, cut along the KV's critical path:
-      prefill   prefill submitted -> its forward pass done, less the baseline's TTFT
-      send      -> every doorbell rung (gather and post)
-      delivery  -> the last doorbell at the decode worker
-      pickup    -> the decode worker takes the KV (hand-off: the prefill's answer, the harness and
-                   a decode step; early submission: the worker noticing it)
-      scatter   -> the KV in the decode engine's own blocks
-      check     -> its digests computed (the harness's own cost; 0 with check.digests=false)
-      decode    -> the decode engine's first token (scheduling, its forward pass, output)
-    Each point is the latest of itself and the points before it (a worker can take the KV
-    before the doorbell's sender has returned; a hand-off load starts before the KV is in), and
-    no later than the first token: an event stamped after it did not gate it. Overlap is so
-    credited to the earliest part still running: layerwise's KV leaves during the forward pass,
-    whose end is stamped after its last layer has left, and on a loaded machine after the
-    decode engine answered; the whole overhead is then `prefill`. So no part is negative and
-    they add up to the overhead exactly, in any order of events. None without a timeline, or
-    where the KV did not gate the first token (submitted early, with every block already in the
-    decode engine's prefix cache: vLLM computed it without waiting)."""
-    if not kv_gates_first_token or any(t[f"t_{end}_ms"] is None for _, end in CRITICAL_PATH):
-        return dict.fromkeys(OVERHEAD_PARTS)
-    out, at, last = {}, 0.0, t["t_first_token_ms"]
-    for part, end in CRITICAL_PATH:
-        end_at = min(max(at, t[f"t_{end}_ms"]), last)
-        out[f"overhead_{part}_ms"] = end_at - at - (base_ttft_ms if part == "prefill" else 0.0)
-        at = end_at
-    return out
 
 
 def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: list[dict], base: dict,
@@ -497,17 +257,6 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
         or None,
         token_ids=dec["token_ids"], base_token_ids=base["token_ids"],
     ).to_dict()
-
-
-def compute_fields(prefill: ComputeRecord | None, decode: ComputeRecord | None) -> dict:
-    """A request's row's share of the engines' compute records (None where a connector writes
-    none: vLLM's own). kv_recomputed: the decode engine computed prompt tokens it was sent."""
-    return {"decode_computed_tokens": decode.computed_tokens if decode else None,
-            "decode_loaded_tokens": decode.loaded_tokens if decode else None,
-            "decode_cached_tokens": decode.cached_tokens if decode else None,
-            "decode_preemptions": decode.preemptions if decode else None,
-            "prefill_preemptions": prefill.preemptions if prefill else None,
-            "kv_recomputed": decode.recomputed_tokens > 0 if decode else None}
 
 
 # ---------------------------------------------------------------------- the run

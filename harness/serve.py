@@ -37,22 +37,14 @@ from omegaconf import DictConfig, OmegaConf
 from harness import process_group
 from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.compare import compare_outputs
+from harness.engine_config import engine_args, engine_env, free_port, pulls, transfer_config
 from harness.instances import InstanceDied, ServerProcess, router_process, vllm_instance
 from harness.load import ClientResult, LoadError, LoadSpec, ScheduledRequest, arrival_schedule, send_all
 from harness.records import JsonlWriter, ended_early, versions, write_json
-from harness.run import (
-    TransferStats,
-    compute_fields,
-    engine_args,
-    engine_env,
-    free_port,
-    pulls,
-    transfer_config,
-    warmup_workload,
-)
 from harness.schema import ServeRow
 from harness.serve_summary import format_serve_summary, serve_summary
-from harness.workload import Prompt, Workload, WorkloadError
+from harness.transfers import TransferStats, compute_fields
+from harness.workload import Prompt, Workload, WorkloadError, warmup_workload
 from transfer_strategies.transport import remove_leftovers
 
 

@@ -7,8 +7,8 @@ import pytest
 
 import harness.run
 from harness.records import prefix_hit_lines, summarize
-from harness.run import pipeline, warmup_workload
-from harness.workload import WorkloadError, multiturn
+from harness.run import pipeline
+from harness.workload import WorkloadError, multiturn, warmup_workload
 from tests.test_records import FakeTokenizer
 
 BLOCK = 32
