@@ -24,7 +24,7 @@ def main(cfg: DictConfig) -> int:
     from pathlib import Path
 
     if cfg.runner.name == "serve":
-        from harness.serve import run
+        from harness.serving.serve import run
     else:
         from harness.run import run
 

@@ -80,7 +80,7 @@ def readme_router_commands() -> list[list[str]]:
 
 
 def test_every_readme_router_command_is_accepted():
-    from harness.router import argument_parser
+    from harness.serving.router import argument_parser
 
     assert readme_router_commands()
     for args in readme_router_commands():

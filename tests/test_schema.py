@@ -19,7 +19,7 @@ from harness.schema import (
     ServeRow,
     field_names,
 )
-from harness.serve_summary import LATENCIES, ROUTER_MARKS, serve_summary
+from harness.serving.serve_summary import LATENCIES, ROUTER_MARKS, serve_summary
 from harness.transfers import TIMELINE, TransferStats, ttft_overhead_parts
 from harness.workload import Prompt
 from transfer_strategies.records import ComputeRecord, TransferRecord, TransferRecordReader, TransferRecordWriter

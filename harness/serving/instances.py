@@ -1,7 +1,7 @@
 """The serving runner's HTTP servers, each its own process group: OpenAI-compatible `vllm serve`
 instances (baseline, prefill, decode), with the same engine arguments and connector
-configuration as the offline runner's engines (run.engine_args, run.transfer_config), and the
-router in front of them (harness/router.py).
+configuration as the offline runner's engines (engine_config.engine_args, engine_config.transfer_config),
+and the router in front of them (harness/serving/router.py).
 
     with vllm_instance("decode", args, env, run_dir / "decode.log") as decode:
         decode.wait_healthy(timeout_s=300)
