@@ -26,7 +26,7 @@ def main(cfg: DictConfig) -> int:
     if cfg.runner.name == "serve":
         from harness.serving.serve import run
     else:
-        from harness.run import run
+        from harness.offline.run import run
 
     hc = HydraConfig.get()
     if hc.mode == RunMode.RUN:

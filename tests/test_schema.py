@@ -8,8 +8,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from harness.offline.run import disagg_row
 from harness.records import run_summary, summarize
-from harness.run import disagg_row
 from harness.schema import (
     OVERHEAD_PARTS,
     SCHEMA_VERSION,
