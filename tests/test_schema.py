@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from harness.offline.run import disagg_row
+from harness.offline.rows import disagg_row
 from harness.records import run_summary, summarize
 from harness.schema import (
     OVERHEAD_PARTS,

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-import harness.offline.run
-from harness.offline.run import pipeline
+import harness.offline.pipeline
+from harness.offline.pipeline import pipeline
 from harness.records import prefix_hit_lines, summarize
 from harness.workload import WorkloadError, multiturn, warmup_workload
 from tests.test_records import FakeTokenizer
@@ -96,7 +96,7 @@ def test_the_pipeline_sends_a_turn_after_its_previous_turn_finished_interleaving
         rid = engine.held.pop(0)
         return [(engine, "done", {"req_id": rid, "token_ids": [5] * w.answer_len, "first_token_t": 0.0,
                                   "finished_t": 0.0})]
-    monkeypatch.setattr(harness.offline.run, "next_events", next_events)
+    monkeypatch.setattr(harness.offline.pipeline, "next_events", next_events)
     finished = []
 
     def on_finish(p, t0, results):
