@@ -36,7 +36,7 @@ _NOT_FLAGS = {"model", "disable_log_stats"}  # model is positional; stats feed /
 
 
 def serve_command(args: dict, port: int) -> list[str]:
-    """`vllm serve` for engine arguments as run.engine_args gives them (plus kv_transfer_config)."""
+    """`vllm serve` for engine arguments as engine_config.engine_args gives them (plus kv_transfer_config)."""
     cmd = [sys.executable, "-m", "harness.vllm_cli", "serve", str(args["model"]),
            "--host", "127.0.0.1", "--port", str(port)]
     for key, value in args.items():
