@@ -24,9 +24,9 @@ def main(cfg: DictConfig) -> int:
     from pathlib import Path
 
     if cfg.runner.name == "serve":
-        from harness.serve import run
+        from harness.serving.serve import run
     else:
-        from harness.run import run
+        from harness.offline.run import run
 
     hc = HydraConfig.get()
     if hc.mode == RunMode.RUN:

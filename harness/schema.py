@@ -1,10 +1,10 @@
-"""The rows a run writes, defined once: the writer (harness/run.py), the pandas loader
+"""The rows a run writes, defined once: the writer (harness/offline/rows.py), the pandas loader
 (harness/results.py) and the test of results/README.md all use these classes.
 
     baseline.jsonl   BaselineRow, one per prompt of the colocated engine
     requests.jsonl   RequestRow, one per prompt of the disaggregated run
     *-transfers.jsonl  TransferRecord (transfer_strategies/records.py), one per transfer per side
-  runner=serve (harness/serve.py): baseline.jsonl and requests.jsonl hold ServeRow, one per
+  runner=serve (harness/serving/serve.py): baseline.jsonl and requests.jsonl hold ServeRow, one per
   request of the load as the client saw it (requests.jsonl: the P/D path)
 
 Every row carries schema_version (SCHEMA_VERSION when written); rows of version 1 have none.
@@ -84,7 +84,7 @@ class RequestRow:
     ready_ms: float | None
     notify_ms: float | None
     gbps: float | None
-    # the timeline: ms since the prefill request was submitted (harness/run.py TIMELINE)
+    # the timeline: ms since the prefill request was submitted (harness/transfers.py TIMELINE)
     t_prefill_admitted_ms: float | None
     t_forward_done_ms: float | None
     t_sent_ms: float | None
@@ -97,7 +97,7 @@ class RequestRow:
     t_decode_scheduled_ms: float | None
     t_prefill_token_ms: float | None
     t_first_token_ms: float | None
-    # ttft_overhead_ms cut into parts that add up to it (harness/run.py ttft_overhead_parts)
+    # ttft_overhead_ms cut into parts that add up to it (harness/transfers.py ttft_overhead_parts)
     overhead_prefill_ms: float | None
     overhead_send_ms: float | None
     overhead_delivery_ms: float | None
@@ -181,7 +181,7 @@ SUMMARY_METRICS = ["base_ttft_ms", "base_e2e_ms", "ttft_ms", "prefill_ttft_ms", 
                    "prefill_ttft_overhead_ms", "transfer_ms", "kv_ms", "after_forward_ms", "gpu_ms", "notify_ms",
                    "send_ms", "load_ms", "bytes", "messages", "gbps"]
 # The TTFT overhead's parts along the KV's critical path, each with the timeline event that ends it
-# (harness/run.py ttft_overhead_parts); rows hold them as overhead_<part>_ms, and summary.json
+# (harness/transfers.py ttft_overhead_parts); rows hold them as overhead_<part>_ms, and summary.json
 # gives their means (which add up to the mean overhead)
 CRITICAL_PATH = (("prefill", "forward_done"), ("send", "sent"), ("delivery", "kv_arrived"), ("pickup", "load_start"),
                  ("scatter", "kv_ready"), ("check", "kv_checked"), ("decode", "first_token"))

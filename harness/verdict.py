@@ -1,5 +1,5 @@
 """A finished run's status from what it counted: the same rules, in the same order, for both
-runners (harness/run.py offline, harness/serve_summary.py for runner=serve), so that a status
+runners (harness/offline/run.py, harness/serving/serve_summary.py for runner=serve), so that a status
 means one thing whichever runner wrote it. The first rule that holds decides:
 
     transfer_failed  a request's KV was not loaded (a transfer error)

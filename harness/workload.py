@@ -203,3 +203,16 @@ def jsonl(name: str, path: str, tokenizer, field: str = "prompt", concurrency: i
         else:
             prompts.append(Prompt(len(prompts), tokenizer(str(value)).input_ids, str(value)))
     return Workload(name, prompts, concurrency)
+
+
+def warmup_workload(workload: Workload, n: int) -> Workload:
+    """n prompts for warming up the P/D path: as long as the workload's longest, so every copy
+    path it takes is taken once, but other tokens (its tokens reversed, then rotated), so that
+    no measured prompt finds them in a prefix cache. Negative indices keep their transfer ids
+    apart from the measured ones."""
+    tokens = max(workload.prompts, key=lambda p: len(p.token_ids)).token_ids[::-1]
+    # a conversation's later turns are built as the baseline answers them, after runner=serve's
+    # warm-up: their known length, in the tokens there are
+    length = max(map(workload.prompt_len, workload.prompts))
+    tokens = (tokens * -(-length // len(tokens)))[:length]
+    return Workload("warm-up", [Prompt(-1 - i, tokens[i:] + tokens[:i]) for i in range(n)], concurrency=1)

@@ -118,9 +118,9 @@ def main() -> int:
 
     import harness.__main__  # noqa: F401 - the config's resolvers
     from harness.checks import ConfigError, checked_inputs
-    from harness.instances import instance_behind_router
+    from harness.engine_config import engine_args, engine_env
     from harness.records import versions, write_json
-    from harness.run import engine_args, engine_env
+    from harness.serving.instances import instance_behind_router
     from harness.workload import WorkloadError
 
     overrides = ["engine.prefix_caching=false", *a.overrides]

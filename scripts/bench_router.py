@@ -27,10 +27,10 @@ sys.path.insert(0, str(ROOT))
 
 import harness.__main__  # noqa: E402,F401 - the config's resolvers
 from harness.checks import checked_inputs  # noqa: E402
-from harness.instances import instance_behind_router  # noqa: E402
-from harness.load import ScheduledRequest, send_one  # noqa: E402
+from harness.engine_config import engine_args, engine_env  # noqa: E402
 from harness.records import versions, write_json  # noqa: E402
-from harness.run import engine_args, engine_env  # noqa: E402
+from harness.serving.instances import instance_behind_router  # noqa: E402
+from harness.serving.load import ScheduledRequest, send_one  # noqa: E402
 from harness.stats import Column, format_table, p50_with_interval  # noqa: E402
 
 

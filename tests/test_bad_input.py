@@ -171,4 +171,4 @@ def test_bad_input_is_judged_before_vllm_is_imported(tmp_path):
     run = run_harness(tmp_path / "r", "engine.block_size=-3", env={"PYTHONPROFILEIMPORTTIME": "1"})
     imported = [line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")]
     assert run.code == 2 and "engine.block_size" in run.stderr
-    assert "harness.run" in imported and not [m for m in imported if m == "vllm" or m.startswith("vllm.")]
+    assert "harness.offline.run" in imported and not [m for m in imported if m == "vllm" or m.startswith("vllm.")]

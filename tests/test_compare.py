@@ -40,7 +40,7 @@ def test_a_mismatch_at_a_near_tie_is_told_apart():
 def test_the_serving_client_reads_top_k_ids_only_where_the_server_wrote_token_ids():
     """runner=serve's top-k come from the completions API (vLLM's return_tokens_as_token_ids);
     a server that writes token strings instead leaves them unknown: no near tie is told there."""
-    from harness.load import top_ids
+    from harness.serving.load import top_ids
 
     assert top_ids({"token_id:7": -0.5, "token_id:5": -1.0, "token_id:9": -3.0}) == [7, 5, 9]
     assert top_ids({" the": -0.5, "token_id:5": -1.0}) == [] and top_ids(None) == []

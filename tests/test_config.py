@@ -17,7 +17,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from harness.checks import ConfigError, check_parallelism, check_settings
-from harness.run import transfer_config
+from harness.engine_config import transfer_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -80,7 +80,7 @@ def readme_router_commands() -> list[list[str]]:
 
 
 def test_every_readme_router_command_is_accepted():
-    from harness.router import argument_parser
+    from harness.serving.router import argument_parser
 
     assert readme_router_commands()
     for args in readme_router_commands():
@@ -266,7 +266,7 @@ def test_transport_and_check_defaults():
 
 
 def test_layerwise_asks_for_piecewise_graphs_only_where_a_decode_step_loads_while_it_runs():
-    from harness.run import transfer_config
+    from harness.engine_config import transfer_config
     from transfer_strategies.layerwise import LayerwiseConnector
 
     for submit, piecewise in (("early", False), ("after_prefill", True)):

@@ -17,8 +17,8 @@ import re
 import psutil
 import pytest
 
-from harness.run import TIMELINE
 from harness.schema import OVERHEAD_PARTS
+from harness.transfers import TIMELINE
 from tests.conftest import ROOT, run_harness, write_token_prompts
 
 pytestmark = pytest.mark.engine

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from harness.offline.rows import disagg_row
 from harness.records import run_summary, summarize
-from harness.run import TIMELINE, TransferStats, disagg_row, ttft_overhead_parts
 from harness.schema import (
     OVERHEAD_PARTS,
     SCHEMA_VERSION,
@@ -19,7 +19,8 @@ from harness.schema import (
     ServeRow,
     field_names,
 )
-from harness.serve_summary import LATENCIES, ROUTER_MARKS, serve_summary
+from harness.serving.serve_summary import LATENCIES, ROUTER_MARKS, serve_summary
+from harness.transfers import TIMELINE, TransferStats, ttft_overhead_parts
 from harness.workload import Prompt
 from transfer_strategies.records import ComputeRecord, TransferRecord, TransferRecordReader, TransferRecordWriter
 

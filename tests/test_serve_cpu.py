@@ -21,12 +21,12 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import harness.__main__  # noqa: F401 - registers the config's resolvers
-from harness.instances import serve_command
-from harness.load import TIMED_OUT, LoadSpec, arrival_schedule
+from harness.engine_config import free_port
 from harness.records import read_jsonl
 from harness.results import load_requests, load_runs
-from harness.router import Pool, Router
-from harness.run import free_port
+from harness.serving.instances import serve_command
+from harness.serving.load import TIMED_OUT, LoadSpec, arrival_schedule
+from harness.serving.router import Pool, Router
 from tests.conftest import run_harness
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 from harness.compare import compare_outputs
-from harness.instances import vllm_instance
-from harness.load import ScheduledRequest, send_one
+from harness.engine_config import engine_args, engine_env, free_port, transfer_config
 from harness.records import read_jsonl
-from harness.run import engine_args, engine_env, free_port, transfer_config
+from harness.serving.instances import vllm_instance
+from harness.serving.load import ScheduledRequest, send_one
 from tests.conftest import ROOT, run_harness
 from tests.test_serve_cpu import config
 

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-import harness.run
+import harness.offline.pipeline
+from harness.offline.pipeline import pipeline
 from harness.records import prefix_hit_lines, summarize
-from harness.run import pipeline, warmup_workload
-from harness.workload import WorkloadError, multiturn
+from harness.workload import WorkloadError, multiturn, warmup_workload
 from tests.test_records import FakeTokenizer
 
 BLOCK = 32
@@ -96,7 +96,7 @@ def test_the_pipeline_sends_a_turn_after_its_previous_turn_finished_interleaving
         rid = engine.held.pop(0)
         return [(engine, "done", {"req_id": rid, "token_ids": [5] * w.answer_len, "first_token_t": 0.0,
                                   "finished_t": 0.0})]
-    monkeypatch.setattr(harness.run, "next_events", next_events)
+    monkeypatch.setattr(harness.offline.pipeline, "next_events", next_events)
     finished = []
 
     def on_finish(p, t0, results):
@@ -153,8 +153,8 @@ def test_serving_a_conversation_sends_each_turn_once_the_previous_has_its_answer
 
     from aiohttp import web
 
-    from harness.load import LoadSpec, send_all
-    from harness.serve import check_serve_workload, request_schedule
+    from harness.serving.load import LoadSpec, send_all
+    from harness.serving.serve import check_serve_workload, request_schedule
 
     w = conversations(num_conversations=2, turns=3)
     spec = LoadSpec(request_rate=float("inf"), num_requests=3)

@@ -1,7 +1,7 @@
 """The serving runner's HTTP servers, each its own process group: OpenAI-compatible `vllm serve`
 instances (baseline, prefill, decode), with the same engine arguments and connector
-configuration as the offline runner's engines (run.engine_args, run.transfer_config), and the
-router in front of them (harness/router.py).
+configuration as the offline runner's engines (engine_config.engine_args, engine_config.transfer_config),
+and the router in front of them (harness/serving/router.py).
 
     with vllm_instance("decode", args, env, run_dir / "decode.log") as decode:
         decode.wait_healthy(timeout_s=300)
@@ -28,15 +28,15 @@ import urllib.request
 from pathlib import Path
 
 from harness import process_group
+from harness.engine_config import free_port
 from harness.records import PROJECT_ROOT
-from harness.run import free_port
 
 # engine_args keys that are not vllm serve flags, or that serving must not take as they are
 _NOT_FLAGS = {"model", "disable_log_stats"}  # model is positional; stats feed /metrics (KV usage)
 
 
 def serve_command(args: dict, port: int) -> list[str]:
-    """`vllm serve` for engine arguments as run.engine_args gives them (plus kv_transfer_config)."""
+    """`vllm serve` for engine arguments as engine_config.engine_args gives them (plus kv_transfer_config)."""
     cmd = [sys.executable, "-m", "harness.vllm_cli", "serve", str(args["model"]),
            "--host", "127.0.0.1", "--port", str(port)]
     for key, value in args.items():

@@ -22,9 +22,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from harness.load import TIMED_OUT
 from harness.records import prefix_hit_lines, prefix_hits, read_jsonl, recompute_counts
 from harness.schema import SCHEMA_VERSION
+from harness.serving.load import TIMED_OUT
 from harness.stats import Column, format_table, format_value, p50_with_interval, percentile
 from harness.verdict import judge
 

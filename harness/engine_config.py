@@ -1,0 +1,134 @@
+"""What the harness starts its engines with, for either runner (offline: harness/offline/, serving:
+harness/serving/): vLLM's engine arguments, each engine's environment, the KV connector's
+kv_transfer_config, and the files and ports of the channel between the prefill and decode engines."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from harness.ceiling import link_ceiling_gbps
+from harness.checks import decode_submit, engine_overrides, tp_degree
+from harness.engine_process import NETNS_ENV
+from harness.records import PROJECT_ROOT
+from transfer_strategies.transport.rendezvous import SCHEME
+
+
+def engine_args(cfg: DictConfig, device: str, role: str | None = None) -> dict:
+    """vllm.LLM arguments of one engine (role: baseline, prefill or decode; None: engine only)."""
+    e = cfg.engine
+    eager = device == "cpu" if e.enforce_eager is None else e.enforce_eager  # CUDA graphs on a GPU by default
+    args = {"model": str(cfg.model.path), "tokenizer": str(cfg.model.path), "dtype": e.dtype,
+            "load_format": cfg.model.load_format, "block_size": e.block_size, "max_model_len": e.max_model_len,
+            "enforce_eager": eager, "seed": e.seed, "enable_prefix_caching": e.prefix_caching,
+            "max_num_seqs": e.max_num_seqs, "disable_log_stats": True}
+    # A fixed KV size, the same for every engine (on a GPU, vLLM's own profiling would count the
+    # other engines starting beside it)
+    args["kv_cache_memory_bytes"] = int(e.kv_cache_gib * 2**30)
+    if device == "cuda":
+        args["gpu_memory_utilization"] = e.gpu_memory_utilization
+    args.update(engine_overrides(cfg, role))
+    if (args.get("tensor_parallel_size") or 1) > 1:
+        args.setdefault("distributed_executor_backend", "mp")  # a worker process per rank, on CPU too
+    return args
+
+
+def tp_degrees(cfg: DictConfig) -> tuple[int, int]:
+    """The prefill and decode engines' tensor-parallel degrees (engine.extra, engines.<role>)."""
+    return tp_degree(cfg, "prefill"), tp_degree(cfg, "decode")
+
+
+def engine_env(cfg: DictConfig, device: str, gpu: int, role: str | None = None) -> dict:
+    """role: baseline, prefill or decode (None: an engine of no role)."""
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in the engine process: one process to stop
+           "TOKENIZERS_PARALLELISM": "false", "GLOO_SOCKET_IFNAME": "lo",
+           "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    if Path(str(cfg.model.path)).is_dir():
+        env["HF_HUB_OFFLINE"] = "1"
+    if role in ("prefill", "decode"):
+        netns = cfg.run.get("netns", {}).get(role)
+        if netns:
+            env[NETNS_ENV] = netns  # engine_process enters it before vLLM starts
+        ifname = cfg.transport.get("ifname")
+        if ifname or cfg.transport.get("address"):  # gloo (the KV channel's, vLLM's own) on the link between hosts
+            env.pop("GLOO_SOCKET_IFNAME")
+            if ifname:
+                env["GLOO_SOCKET_IFNAME"] = ifname
+    if device == "cpu":
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # engines share the cores
+        # OpenMP threads otherwise spin for up to 200 ms after each parallel region, starving
+        # the other engines (and the KV receiver thread) on a machine with few cores
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+        env["KMP_BLOCKTIME"] = "0"
+    else:
+        # Own GPU first (vLLM uses cuda:0), the others visible too, so that a staging buffer shared
+        # through CUDA IPC from another GPU is read over NVLink peer access. `gpu` counts the GPUs
+        # this process sees: under Slurm or submitit CUDA_VISIBLE_DEVICES already names them.
+        import torch
+
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        ids = visible.split(",") if visible else [str(g) for g in range(torch.cuda.device_count())]
+        env["CUDA_VISIBLE_DEVICES"] = ",".join([ids[gpu], *(d for i, d in enumerate(ids) if i != gpu)])
+    return env
+
+
+def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path | list[Path], stats_path: Path) -> dict:
+    """vLLM's kv_transfer_config for the prefill or decode engine. This project's connectors get
+    what the harness sets, the strategy's own params and the transport's settings in sections of
+    their own (a strategy param cannot shadow a harness value); vLLM's own connectors (no
+    strategy.module) get their params as they are."""
+    s = cfg.strategy
+    role = s.get("roles", {}).get(engine) or {"prefill": "kv_producer", "decode": "kv_consumer"}[engine]
+    params = OmegaConf.to_container(s.params, resolve=True) if s.params else {}
+    out = {"kv_connector": s.connector, "kv_role": role, "kv_connector_extra_config": params}
+    if cfg.run.get("kv_load_failure_policy"):
+        out["kv_load_failure_policy"] = cfg.run.kv_load_failure_policy
+    if not s.module:
+        return out
+    rendezvous = [str(p) for p in rendezvous] if isinstance(rendezvous, list) else str(rendezvous)
+    fault = cfg.scenario.get("fault")
+    address = cfg.transport.get("address")
+    if address:  # the prefill worker listens there, the decode worker connects (rendezvous.py)
+        rendezvous = f"{SCHEME}{address}"
+    harness = {"rendezvous": rendezvous, "host": address.rpartition(":")[0] if address else "127.0.0.1",
+               "stats_path": str(stats_path),
+               "tp": dict(zip(("prefill", "decode"), tp_degrees(cfg))),
+               "verify": bool(cfg.check.digests), "corrupt": bool(cfg.check.corrupt),
+               "checksums": bool(cfg.check.checksums), "timeout_s": float(cfg.run.transfer_timeout_s),
+               # the other engine may take this long to start before the channel opens
+               "startup_timeout_s": float(cfg.run.startup_timeout_s),
+               "decode_submit": decode_submit(cfg),
+               "fault": OmegaConf.to_container(fault, resolve=True) if fault and engine == "prefill" else None}
+    transport = {"staging_mb": None, **OmegaConf.to_container(cfg.transport, resolve=True)}
+    out.update(kv_connector_module_path=s.module,
+               kv_connector_extra_config={"harness": harness, "strategy": params, "transport": transport})
+    return out
+
+
+def link_ceiling(cfg: DictConfig) -> float | str | None:
+    """Where the KV crosses a network (transport=gloo with transport.address), that link's own
+    GB/s, measured now between where the two engines run; None elsewhere (copy_ceiling_gbps)."""
+    address = cfg.transport.get("address")
+    if not address or cfg.transport.kind != "gloo":
+        return None
+    return link_ceiling_gbps(address.rpartition(":")[0], dict(cfg.run.get("netns") or {}), cfg.transport.get("ifname"))
+
+
+def channel_files(rendezvous: Path, p: int, d: int) -> list[Path]:
+    """The rendezvous files of a p -> d run's channels (tp.Placement.rendezvous; a superset)."""
+    if p == d == 1:
+        return [rendezvous]
+    return [Path(f"{rendezvous}.p{r}d{q}") for r in range(p) for q in range(d)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def pulls(strategy: DictConfig) -> bool:
+    return strategy.get("handoff", "push") == "pull"

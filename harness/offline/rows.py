@@ -1,0 +1,115 @@
+"""The offline runner's rows, written as each prompt finishes so that a run stopped halfway keeps
+what it measured: the baseline's (baseline.jsonl, baseline_repeat.jsonl: schema.BaselineRow) and the
+P/D path's (requests.jsonl: schema.RequestRow, with both sides' transfer records, harness/transfers.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from harness.checks import decode_submit
+from harness.compare import compare_outputs
+from harness.records import JsonlWriter
+from harness.schema import BaselineRow, RequestRow
+from harness.transfers import TransferStats, compute_fields, timeline, ttft_overhead_parts
+from harness.workload import Prompt
+
+
+def baseline_row(run_id: str, p: Prompt, t0: float, results: list[dict]) -> dict:
+    """baseline.jsonl's (and baseline_repeat.jsonl's) row for one prompt."""
+    (r,) = results
+    return BaselineRow(run_id=run_id, prompt_idx=p.index, prompt_len=len(p.token_ids),
+                       ttft_ms=(r["first_token_t"] - t0) * 1e3, e2e_ms=(r["finished_t"] - t0) * 1e3,
+                       token_ids=r["token_ids"], logprobs=r["logprobs"], top_ids=r.get("top_ids")).to_dict()
+
+
+def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: list[dict], base: dict,
+               stats: TransferStats, transfer_id: str) -> dict:
+    """requests.jsonl's row for one prompt: the two engines' results, the baseline's row, both
+    sides' transfer records and the request's timeline."""
+    pre, dec = results
+    send, recv, digest_match = stats.take_transfer(transfer_id)
+    computed = compute_fields(stats.take(transfer_id, "prefill"), stats.take(transfer_id, "decode"))
+
+    def sent(name):
+        return getattr(send, name) if send else None
+
+    def received(name):
+        return getattr(recv, name) if recv else None
+
+    cmp = compare_outputs(base["token_ids"], dec["token_ids"], base["logprobs"], dec["logprobs"],
+                          base.get("top_ids"), dec.get("top_ids"))
+    ttft = (dec["first_token_t"] - t0) * 1e3
+    prefill_ttft = (pre["first_token_t"] - t0) * 1e3
+    # On a GPU the transfer is timed on the GPU's clock (CUDA events from the forward pass done
+    # to the last payload written); the host's clock adds the wake-up latency of waiting for the
+    # GPU at either end (host minus GPU clock was -0.10 to -0.02 ms on an H200).
+    transfer_ms = sent("gpu_ms") if sent("gpu_ms") is not None else received("transfer_ms")
+    n_bytes = sent("bytes")
+    t = timeline(t0, pre, dec, send, recv)
+    kv_ms = after_forward_ms = None
+    if t["t_forward_done_ms"] is not None:
+        if t["t_kv_ready_ms"] is not None:
+            kv_ms = t["t_kv_ready_ms"] - t["t_forward_done_ms"]
+        after_forward_ms = t["t_first_token_ms"] - t["t_forward_done_ms"]
+    # submitted early with nothing to load (all in the decode engine's prefix cache): not parked
+    gated = not (decode_submit(cfg) == "early" and recv is not None and recv.blocks == recv.skip_blocks)
+    error = received("error")
+    if dec.get("finish_reason") == "error":
+        error = error or "the decode engine failed the request"
+    return RequestRow(
+        run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name, workload=cfg.workload.name, device=device,
+        prompt_idx=p.index, prompt_len=len(p.token_ids), output_len=len(dec["token_ids"]),
+        conversation=p.conversation, turn=p.turn,
+        match=cmp.match, first_divergence=cmp.first_divergence, max_logprob_diff=cmp.max_logprob_diff,
+        near_tie=cmp.near_tie, prefill_token_match=pre["token_ids"][:1] == base["token_ids"][:1],
+        digest_match=digest_match,
+        error=error, base_ttft_ms=base["ttft_ms"], base_e2e_ms=base["e2e_ms"],
+        prefill_ms=(pre["finished_t"] - t0) * 1e3, prefill_ttft_ms=prefill_ttft,
+        prefill_ttft_overhead_ms=prefill_ttft - base["ttft_ms"], ttft_ms=ttft, e2e_ms=(dec["finished_t"] - t0) * 1e3,
+        ttft_overhead_ms=ttft - base["ttft_ms"],
+        bytes=n_bytes, messages=sent("messages"), blocks=sent("blocks"), kv_cache_bytes=sent("kv_cache_bytes"),
+        skip_blocks=received("skip_blocks"), send_ms=sent("send_ms"), gpu_ms=sent("gpu_ms"),
+        transfer_ms=transfer_ms, transfer_host_ms=received("transfer_ms"), kv_ms=kv_ms,
+        after_forward_ms=after_forward_ms,
+        load_ms=received("load_ms"), ready_ms=received("ready_ms"), notify_ms=received("notify_ms"),
+        gbps=n_bytes / transfer_ms / 1e6 if n_bytes and transfer_ms else None,
+        **t, **ttft_overhead_parts(t, base["ttft_ms"], kv_gates_first_token=gated), **computed, fault=sent("fault"),
+        aborted="+".join(n for n, r in zip(("prefill", "decode"), results) if r.get("finish_reason") == "abort")
+        or None,
+        token_ids=dec["token_ids"], base_token_ids=base["token_ids"],
+    ).to_dict()
+
+
+class RunRows:
+    """A run's rows as its passes finish prompts: the baseline's by prompt index (the P/D rows
+    compare against them), whether its second pass matched it (run.baseline_repeat), and the P/D
+    path's rows; each written to its file at once."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, run_id: str, device: str):
+        self.cfg, self.run_id, self.device = cfg, run_id, device
+        self.base: dict[int, dict] = {}
+        self.self_match: list[bool] = []  # the baseline's second pass against its first, per prompt
+        self.requests: list[dict] = []
+        self.base_out = JsonlWriter(run_dir / "baseline.jsonl")
+        self.req_out = JsonlWriter(run_dir / "requests.jsonl")
+
+    def add_baseline(self, p: Prompt, t0: float, results: list[dict]) -> dict:
+        self.base[p.index] = baseline_row(self.run_id, p, t0, results)
+        self.base_out.write(self.base[p.index])
+        return self.base[p.index]
+
+    def add_repeat(self, p: Prompt, t0: float, results: list[dict], out: JsonlWriter) -> None:
+        row = baseline_row(self.run_id, p, t0, results)
+        out.write(row)
+        self.self_match.append(row["token_ids"] == self.base[p.index]["token_ids"])
+
+    def add_request(self, p: Prompt, t0: float, results: list[dict], stats: TransferStats, transfer_id: str) -> None:
+        row = disagg_row(self.cfg, self.run_id, self.device, p, t0, results, self.base[p.index], stats, transfer_id)
+        self.requests.append(row)
+        self.req_out.write(row)
+
+    def close(self) -> None:
+        self.base_out.close()
+        self.req_out.close()

@@ -1,0 +1,170 @@
+"""runner=offline, one harness run: the baseline engine, then the prefill and decode engines
+(offline/deployment.py), every prompt through both paths (offline/pipeline.py), each P/D output
+compared with the baseline's (offline/rows.py), the whole judged (harness/verdict.py) and recorded.
+
+Everything that can be wrong with the config is checked before any engine starts
+(harness/checks.py). Engines are stopped in `finally`, whatever happened.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from harness.ceiling import copy_ceiling_gbps
+from harness.checks import ConfigError, checked_inputs, decode_submit
+from harness.engine_config import link_ceiling
+from harness.engine_process import EngineDied
+from harness.offline.deployment import OfflineDeployment
+from harness.offline.pipeline import abort_plan
+from harness.offline.rows import RunRows
+from harness.records import JsonlWriter, ended_early, format_table, run_summary, summarize, versions, write_json
+from harness.tracking import make_tracker
+from harness.verdict import judge
+from harness.workload import Workload, WorkloadError, warmup_workload
+
+
+def run(cfg: DictConfig, run_dir: Path) -> int:
+    """Returns the exit code: 0 all outputs match, 1 a mismatch or digest failure, 2 bad input,
+    3 an engine died or stalled, 130 interrupted."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    run_id = run_dir.name
+    t_run = time.monotonic()
+    try:
+        device, workload = checked_inputs(cfg)
+    except (ConfigError, WorkloadError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        write_json(run_dir / "summary.json", {"status": "bad_input", "error": str(e), "run_id": run_id})
+        return 2
+
+    meta = {"run_id": run_id, "versions": versions(device), "strategy": cfg.strategy.name,
+            "decode_submit": decode_submit(cfg), "model": cfg.model.name, "workload": cfg.workload.name,
+            "num_prompts": len(workload.prompts), "config": OmegaConf.to_container(cfg, resolve=True)}
+    write_json(run_dir / "meta.json", meta)
+    ceiling = copy_ceiling_gbps(device)  # before the engines start: the machine is quiet
+    link = link_ceiling(cfg)
+    deployment = OfflineDeployment(cfg, device, run_dir)
+    rows = RunRows(cfg, run_dir, run_id, device)
+    kv_in_use: dict[str, int | None] = {}
+    transfer_held: dict[str, dict | None] = {}
+    status, code, error = "ok", 0, None
+    timings = {}
+    try:
+        print(f"[harness] {run_id}: {len(workload.prompts)} prompts, strategy={cfg.strategy.name}, "
+              f"model={cfg.model.name}, device={device}; engine logs in {run_dir}", flush=True)
+        timings["startup_s"] = deployment.start()
+        baseline_passes(cfg, deployment, workload, rows, timings)
+        timings["startup_s"] += deployment.start_disagg()
+        disagg_passes(cfg, deployment, workload, rows, timings)
+        # every request has finished: a block still held is a leak (a parked request never released)
+        # vLLM's pull connector frees the prefill's blocks on a later step (not waited for: reported)
+        kv_in_use, transfer_held = deployment.usage()
+    except (EngineDied, KeyboardInterrupt) as e:
+        status, code, error = ended_early(e, run_dir)
+    finally:
+        timings["shutdown_s"] = deployment.stop(grace_s=10 if status == "ok" else 1)
+        rows.close()
+
+    timings["engine_startup_s"] = {n: round(e.startup_s, 2) for n, e in deployment.engines.items()}
+    timings["total_s"] = time.monotonic() - t_run
+    self_match = rows.self_match
+    summary = run_summary(rows.requests, status=status, error=error, run_id=run_id, strategy=cfg.strategy.name,
+                          model=cfg.model.name, workload=cfg.workload.name, device=device, copy_ceiling_gbps=ceiling,
+                          timings=timings, engine_pids={n: e.proc.pid for n, e in deployment.engines.items()},
+                          cudagraph_modes={n: e.cudagraph_mode for n, e in deployment.engines.items()},
+                          decode_submit=decode_submit(cfg), kv_blocks_in_use=kv_in_use, transfer_held=transfer_held,
+                          **({"link_ceiling_gbps": link} if link is not None else {}),
+                          baseline_self_mismatches=self_match.count(False) if self_match else None,
+                          baseline_self_match_rate=self_match.count(True) / len(self_match) if self_match else None)
+    if status == "ok":
+        status, code, error = judged(cfg, summary, rows.requests, kv_in_use, transfer_held)
+    record(cfg, run_dir, run_id, summary, rows.requests, code)
+    print(f"[harness] {status}: wall {timings['total_s']:.1f} s (engine start-up "
+          f"{timings.get('startup_s', float('nan')):.1f} s); results in {run_dir}", flush=True)
+    return code
+
+
+def warm_up(cfg: DictConfig, measure_pass, workload: Workload, phase: str, timing: str, timings: dict) -> None:
+    """run.warmup_requests unrecorded requests through a pass's engines first."""
+    if cfg.run.warmup_requests:
+        t0 = time.monotonic()
+        measure_pass(warmup_workload(workload, cfg.run.warmup_requests), lambda p, t0, results: None, phase=phase)
+        timings[timing] = time.monotonic() - t0
+
+
+def baseline_passes(cfg: DictConfig, deployment: OfflineDeployment, workload: Workload, rows: RunRows,
+                    timings: dict) -> None:
+    """The baseline engine's warm-up, its pass (baseline.jsonl) and with run.baseline_repeat its
+    pass again (baseline_repeat.jsonl)."""
+
+    def on_base(p, t0, results) -> None:
+        row = rows.add_baseline(p, t0, results)
+        # a conversation's next turn continues the baseline's answer, in every pass after this one too
+        workload.answered(p, row["token_ids"])
+
+    # warmed up as the P/D path is: a cold engine's first batch (886 and 440 ms TTFT in two runs
+    # of the GPU TTFT benchmark) made mean P/D overheads negative
+    warm_up(cfg, deployment.baseline_pass, workload, "baseline warm-up", "baseline_warmup_s", timings)
+    t0 = time.monotonic()
+    deployment.baseline_pass(workload, on_base)
+    timings["baseline_s"] = time.monotonic() - t0
+    if cfg.run.baseline_repeat:
+        # Greedy outputs can differ with the batch's shape alone: the same prompts at the same
+        # concurrency again, computed again (prefix cache emptied), measure that noise
+        deployment.reset_baseline_prefix_cache()
+        with JsonlWriter(deployment.run_dir / "baseline_repeat.jsonl") as repeat_out:
+            deployment.baseline_pass(workload, lambda p, t0, results: rows.add_repeat(p, t0, results, repeat_out),
+                                     phase="baseline again")
+
+
+def disagg_passes(cfg: DictConfig, deployment: OfflineDeployment, workload: Workload, rows: RunRows,
+                  timings: dict) -> None:
+    """The P/D path's warm-up and its pass (requests.jsonl), with the scenario's aborts."""
+    stats = deployment.transfer_stats()
+    # The engines warmed up on their own, but not through the connector: its first transfers
+    # pay one-off costs (first copies, CUDA IPC mapping, digest weights)
+    warm_up(cfg, deployment.disagg_pass, workload, "warm-up", "warmup_s", timings)
+    t0 = time.monotonic()
+    deployment.disagg_pass(
+        workload, lambda p, t0, results: rows.add_request(p, t0, results, stats, deployment.transfer_id(p)),
+        aborts=abort_plan(workload, cfg.scenario.get("aborts"), cfg.engine.seed))
+    timings["disagg_s"] = time.monotonic() - t0
+
+
+def judged(cfg: DictConfig, summary: dict, rows: list[dict], kv_in_use: dict, transfer_held: dict
+           ) -> tuple[str, int, str | None]:
+    """(status, exit code, error) of a run whose passes all ended: its verdict, put in the summary."""
+    # vLLM's pull connector frees the prefill's blocks when a later engine step hears that the
+    # decode engine has read them: an idle engine still holds the last ones
+    leaked = {n: k for n, k in kv_in_use.items() if k and cfg.strategy.module}
+    leaked.update({n: h for n, h in transfer_held.items() if h and any(h.values())})
+    # a scenario's faulted transfers and aborted requests are judged apart (faults: each must
+    # have been caught; aborts: nothing they held may stay held, checked below)
+    provoked = [r for r in rows if r.get("fault") or r.get("aborted")]
+    counted = summarize([r for r in rows if r not in provoked]) if provoked else summary
+    first = next((r["error"] for r in rows if r.get("error") and not r.get("fault")), None)
+    status, error = judge(counted, noise=summary["baseline_self_mismatches"] or 0,
+                          expect_recompute=cfg.scenario.expect_recompute, first_transfer_error=first,
+                          faults=(summary.get("faults_missed") or 0, summary.get("faults_injected") or 0),
+                          held=leaked)
+    summary.update(status=status, error=error)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+    return status, 0 if status == "ok" else 1, error
+
+
+def record(cfg: DictConfig, run_dir: Path, run_id: str, summary: dict, rows: list[dict], code: int) -> None:
+    """summary.json, the table of the P/D rows, and the tracker's copy of both (cfg.tracking)."""
+    write_json(run_dir / "summary.json", summary)
+    if rows:
+        print(format_table(rows, summary))
+    try:
+        tracker = make_tracker(cfg, run_dir, run_id)
+        tracker.log_summary(summary)
+        tracker.log_requests(rows)
+        tracker.finish(failed=code != 0)
+    except Exception as e:  # noqa: BLE001 - tracking must never cost the results already on disk
+        print(f"warning: tracking failed ({e}); results are in {run_dir}", file=sys.stderr)

@@ -1,0 +1,135 @@
+"""The instances and routers of a runner=serve run (ServingDeployment): `vllm serve` instances
+(harness/serving/instances.py) with the offline runner's engine arguments and connector
+configuration (harness/engine_config.py), a router in front of the baseline instances and one in
+front of the prefill and decode instances (harness/serving/router.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from harness import process_group
+from harness.checks import decode_submit
+from harness.engine_config import engine_args, engine_env, free_port, pulls, transfer_config
+from harness.records import write_json
+from harness.serving.instances import InstanceDied, ServerProcess, router_process, vllm_instance
+from transfer_strategies.transport import remove_leftovers
+
+
+def gpu_count() -> int:
+    import torch
+
+    return max(torch.cuda.device_count(), 1)
+
+
+def instance_names(side: str, count: int) -> list[str]:
+    """prefill, decode with one instance a side; prefill0, prefill1, ... with more."""
+    return [side] if count == 1 else [f"{side}{i}" for i in range(count)]
+
+
+class ServingDeployment:
+    """The instances and routers this run started (none with external endpoints), and the URLs
+    the load goes to. serve.prefill_instances x serve.decode_instances behind the P/D router:
+    with this project's (push) strategies each prefill instance has a KV channel of its own to
+    the one decode instance (transport/fan_in.py); vLLM's pull connector takes any shape."""
+
+    def __init__(self, cfg: DictConfig, device: str, run_dir: Path):
+        self.cfg, self.run_dir = cfg, run_dir
+        self.servers: dict[str, ServerProcess] = {}
+        self.semaphores_before = process_group.semaphores()
+        s = cfg.serve
+        self.baseline_names = instance_names("baseline", s.baseline_instances)
+        self.prefill_names = instance_names("prefill", s.prefill_instances)
+        self.decode_names = instance_names("decode", s.decode_instances)
+        self.rendezvous = [run_dir / f"kv-channel-{p}.port" for p in self.prefill_names]
+        self.stats_paths = [run_dir / f"{n}-transfers.jsonl" for n in (*self.prefill_names, *self.decode_names)]
+        ends = s.endpoints
+        self.external = ends.baseline is not None
+        if self.external:
+            self.urls = {"baseline": ends.baseline.rstrip("/"), "disagg": ends.disagg.rstrip("/")}
+            return
+        for path in self.rendezvous:
+            path.unlink(missing_ok=True)
+        kv = {p: transfer_config(cfg, "prefill", rv, run_dir / f"{p}-transfers.jsonl")
+              for p, rv in zip(self.prefill_names, self.rendezvous, strict=True)}
+        # a decode worker opens one channel per prefill worker (a list); one prefill worker: a path as offline
+        decode_rv = self.rendezvous if len(self.rendezvous) > 1 else self.rendezvous[0]
+        kv.update({d: transfer_config(cfg, "decode", decode_rv, run_dir / f"{d}-transfers.jsonl")
+                   for d in self.decode_names})
+        first_gpu = {"baseline": cfg.device.baseline_gpu, "prefill": cfg.device.prefill_gpu,
+                     "decode": cfg.device.decode_gpu}
+        for names in (self.baseline_names, self.prefill_names, self.decode_names):
+            for i, name in enumerate(names):
+                # instance i of a side on that side's GPU + i (two baselines from GPU 0: GPUs 0 and 1)
+                role = name.rstrip("0123456789")
+                gpu = first_gpu[role] + i
+                env = engine_env(cfg, device, gpu if device != "cuda" else gpu % gpu_count())
+                if name in kv and pulls(cfg.strategy):  # vLLM's NIXL handshake: a side channel per engine
+                    env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
+                kv_args = {"kv_transfer_config": kv[name]} if name in kv else {}
+                self.servers[name] = vllm_instance(name, {**engine_args(cfg, device, role), **kv_args}, env,
+                                                   run_dir / f"{name}.log")
+        hang_s = max(cfg.run.request_timeout_s, cfg.run.startup_timeout_s)
+        handoff = ["--handoff", "pull" if pulls(cfg.strategy) else "push", "--decode-submit", decode_submit(cfg),
+                   # the client holds requests to run.request_timeout_s; the router only drops upstreams
+                   # that hang (the warm-up's first use may take as long as a start-up)
+                   "--policy", s.policy, "--timeout-s", str(hang_s),
+                   *(["--stream-prefill-token"] if s.stream_prefill_token else [])]
+        self.servers["baseline_router"] = router_process(
+            "baseline_router", [], [self.servers[b].url for b in self.baseline_names], run_dir / "baseline_router.log",
+            "--policy", s.policy, "--timeout-s", str(hang_s))
+        self.servers["router"] = router_process(
+            "router", [self.servers[p].url for p in self.prefill_names],
+            [self.servers[d].url for d in self.decode_names], run_dir / "router.log", *handoff)
+        self.urls = {"baseline": self.servers["baseline_router"].url, "disagg": self.servers["router"].url}
+
+    def start(self, timeout_s: float) -> None:
+        if self.external:
+            return
+        instances = [s for n, s in self.servers.items() if "router" not in n]
+        for s in instances:
+            s.start()
+        self.write_pids()
+        deadline = time.monotonic() + timeout_s
+        for s in instances:
+            s.wait_healthy(max(deadline - time.monotonic(), 1.0))
+        for name in ("baseline_router", "router"):
+            self.servers[name].start().wait_healthy(60)
+        self.write_pids()
+
+    def write_pids(self) -> None:
+        """servers.json: each server's process (the leader of its process group), URL and log."""
+        write_json(self.run_dir / "servers.json", {n: {"pid": s.proc.pid, "url": s.url, "log": str(s.log_path)}
+                                                   for n, s in self.servers.items() if s.proc is not None})
+
+    async def watchdog(self) -> None:
+        """Raises InstanceDied as soon as a server this run started exits."""
+        while True:
+            for s in self.servers.values():
+                if not s.alive():
+                    raise InstanceDied(s.failure_message())
+            await asyncio.sleep(0.5)
+
+    def kv_usage(self) -> dict[str, float | None]:
+        """vLLM's KV cache usage (0 to 1) of the prefill and decode instances once idle: above 0
+        after every request ended means blocks left held."""
+        out = {}
+        for name in (*self.prefill_names, *self.decode_names):
+            usage = None
+            for _ in range(50):  # the last requests' blocks are freed by the engines' next steps
+                usage = self.servers[name].metric("vllm:kv_cache_usage_perc")
+                if not usage:
+                    break
+                time.sleep(0.1)
+            out[name] = usage
+        return out
+
+    def stop(self, grace_s: float) -> None:
+        for s in reversed(self.servers.values()):  # the routers (added last) before the instances behind them
+            s.stop(grace_s)
+        if not self.external:
+            remove_leftovers(self.rendezvous)
+            process_group.remove_unmapped(process_group.semaphores() - self.semaphores_before)

@@ -1,0 +1,332 @@
+"""A small async HTTP router in front of prefill and decode `vllm serve` instances (issue 13):
+the kind a user deploys to try disaggregated serving, usable on its own.
+
+    python -m harness.router --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200 --port 8000
+
+Each completion request goes to a prefill instance with max_tokens=1 and to a decode instance,
+whose answer (streamed or whole) goes back to the client. How the KV gets from one to the other
+is the connectors' business; the router only carries what ties the two requests together:
+- push (this project's strategies): both requests carry one transfer id in kv_transfer_params.
+  `early` submission (the default) sends both at once and the decode instance parks its request
+  until the KV is in; `after_prefill` sends the decode request when the prefill answered.
+- pull (vLLM's NixlConnector): the prefill request asks the instance to keep the KV for a remote
+  decode (do_remote_decode); its answer's kv_transfer_params go with the decode request.
+With several instances per side it picks by round robin or by fewest outstanding requests.
+Without prefill instances it is a plain load balancer over the others (colocated instances
+behind the same proxy, so that a comparison with P/D pays the same hop).
+A client's X-Request-Id header becomes the transfer id (the connectors' records carry it), and
+the answer says which one it was in X-Transfer-Id. If the client goes away, the upstream
+requests are closed, which aborts them in vLLM.
+
+--stream-prefill-token: a streamed answer starts with the prefill instance's token as soon as
+the prefill answered, so that the client's TTFT is the prefill's; the decode instance computes
+the same token again (greedy), and the router drops that duplicate from its stream (a decode
+token that differs ends the stream with an error event: the two instances disagree).
+A client that sends `X-Router-Marks: 1` gets SSE comments (which clients skip) in a streamed
+P/D answer when the prefill's answer came (`: prefill-token`) and before the decode instance's
+first token (`: decode-token`): the harness records both times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import sys
+import uuid
+
+import aiohttp
+from aiohttp import web
+
+from transfer_strategies.kv_transfer_params import push_params
+
+POLICIES = ("round_robin", "least_outstanding")
+MARKS = "X-Router-Marks"
+
+
+def sse(data: dict) -> bytes:
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+def prefill_token_chunk(answer: dict) -> dict:
+    """The prefill instance's (whole) answer as the first chunk of a stream."""
+    choice = {**answer["choices"][0], "index": 0, "finish_reason": None, "stop_reason": None}
+    return {"id": answer.get("id"), "object": "text_completion", "created": answer.get("created"),
+            "model": answer.get("model"), "choices": [choice]}
+
+
+def without_first_token(chunk: dict, answer: dict) -> dict | None:
+    """The decode instance's first chunk with tokens, minus the token the prefill's answer has
+    already given the client; None when nothing is left to send. Raises ValueError when the
+    two tokens differ."""
+    c, p = chunk["choices"][0], answer["choices"][0]
+    ids, p_ids = c.get("token_ids"), p.get("token_ids")
+    if ids and p_ids and ids[0] != p_ids[0] or not (ids and p_ids) and not c.get("text", "").startswith(p["text"]):
+        raise ValueError(f"the decode instance's first token ({ids[:1] if ids else c.get('text')!r}) differs from "
+                         f"the prefill instance's ({p_ids[:1] if p_ids else p['text']!r})")
+    if ids:
+        c["token_ids"] = ids[1:]
+    c["text"] = c.get("text", "")[len(p["text"]):]
+    if c.get("logprobs"):
+        c["logprobs"] = {k: (v[1:] if isinstance(v, list) else v) for k, v in c["logprobs"].items()}
+    c.pop("prompt_token_ids", None)  # the prefill's chunk carried them
+    if not c["text"] and not c.get("token_ids") and c.get("finish_reason") is None and not chunk.get("usage"):
+        return None
+    return chunk
+
+
+class Pool:
+    """The instances of one side, and how many requests each has in flight through this router."""
+
+    def __init__(self, urls: list[str], policy: str):
+        if not urls:
+            raise ValueError("a pool needs at least one instance URL")
+        if policy not in POLICIES:
+            raise ValueError(f"unknown policy {policy!r}: one of {', '.join(POLICIES)}")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.policy = policy
+        self.outstanding = dict.fromkeys(self.urls, 0)
+        self._turn = itertools.cycle(self.urls)
+
+    def pick(self) -> str:
+        """The instance for the next request, counted outstanding from now (requests sent
+        together see each other); `done` when its answer is over."""
+        least = min(self.urls, key=lambda u: self.outstanding[u])  # ties: the first listed
+        url = next(self._turn) if self.policy == "round_robin" else least
+        self.outstanding[url] += 1
+        return url
+
+    def done(self, url: str) -> None:
+        self.outstanding[url] -= 1
+
+
+class Router:
+    def __init__(self, prefill: list[str], decode: list[str], policy: str = "round_robin", handoff: str = "push",
+                 decode_submit: str = "early", timeout_s: float = 600.0, stream_prefill_token: bool = False):
+        if handoff not in ("push", "pull"):
+            raise ValueError(f"unknown handoff {handoff!r}: push or pull")
+        if decode_submit not in ("early", "after_prefill"):
+            raise ValueError(f"unknown decode_submit {decode_submit!r}: early or after_prefill")
+        if handoff == "pull" and decode_submit == "early":
+            raise ValueError("a pull handoff needs the prefill's answer first: decode_submit=after_prefill")
+        self.prefill = Pool(prefill, policy) if prefill else None
+        self.decode = Pool(decode, policy)
+        self.handoff, self.decode_submit = handoff, decode_submit
+        self.stream_prefill_token = stream_prefill_token
+        # no progress (connecting, or between two reads) for timeout_s: a stream may last longer
+        self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
+        self.session: aiohttp.ClientSession | None = None
+
+    # ------------------------------------------------------------ the two requests
+    def prefill_body(self, body: dict, transfer_id: str) -> dict:
+        params = {"do_remote_decode": True} if self.handoff == "pull" else push_params(transfer_id)
+        out = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": params}
+        out.pop("stream_options", None)
+        out.pop("max_completion_tokens", None)
+        return out
+
+    def decode_body(self, body: dict, transfer_id: str, prefill_answer: dict | None) -> dict:
+        if self.handoff == "pull":
+            params = (prefill_answer or {}).get("kv_transfer_params")
+            if not params:
+                raise web.HTTPBadGateway(text="the prefill instance returned no kv_transfer_params")
+        else:
+            params = push_params(transfer_id, early=self.decode_submit == "early")
+        return {**body, "kv_transfer_params": params}
+
+    async def _prefill(self, url: str, path: str, body: dict) -> dict:
+        try:
+            async with self.session.post(url + path, json=body) as r:
+                answer = await r.json(content_type=None)
+                if r.status != 200:
+                    raise web.HTTPBadGateway(text=f"prefill instance {url}: {r.status} {json.dumps(answer)[:500]}")
+                return answer
+        except aiohttp.ClientError as e:
+            raise web.HTTPBadGateway(text=f"prefill instance {url}: {type(e).__name__}: {e}") from None
+
+    # ------------------------------------------------------------ HTTP
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        transfer_id = request.headers.get("X-Request-Id") or f"router-{uuid.uuid4().hex}"
+        d_url = self.decode.pick()
+        try:
+            if self.prefill is None:  # colocated: one instance does both
+                return await self._relay_decode(request, d_url, body, transfer_id)
+            p_url = self.prefill.pick()
+            try:
+                return await self._disagg(request, body, transfer_id, p_url, d_url)
+            finally:
+                self.prefill.done(p_url)
+        finally:
+            self.decode.done(d_url)
+
+    async def _disagg(self, request: web.Request, body: dict, transfer_id: str, p_url: str, d_url: str):
+        stream = bool(body.get("stream"))
+        marks, first = stream and request.headers.get(MARKS) == "1", stream and self.stream_prefill_token
+        out = None
+        if marks or first:  # a stream of our own, begun now: the prefill's mark or token and the decode's lines go in
+            out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
+                                                          "X-Transfer-Id": transfer_id})
+            await out.prepare(request)
+
+        async def prefill_and_tell() -> dict:
+            answer = await self._prefill(p_url, request.path, self.prefill_body(body, transfer_id))
+            if marks:
+                await out.write(b": prefill-token\n\n")
+            if first:
+                await out.write(sse(prefill_token_chunk(answer)))
+            return answer
+
+        prefill = asyncio.ensure_future(prefill_and_tell())
+        try:
+            answer = None
+            if self.decode_submit == "after_prefill":
+                answer = await prefill
+            decode = asyncio.ensure_future(self._relay_decode(
+                request, d_url, self.decode_body(body, transfer_id, answer), transfer_id,
+                out=out, after=prefill if out is not None else None, drop_first=first, marks=marks))
+            try:
+                # a failed prefill ends the decode request at once (else it would wait, parked, for KV
+                # that never comes, until the connector's timeout)
+                await asyncio.wait({prefill, decode}, return_when=asyncio.FIRST_EXCEPTION)
+                if prefill.done() and prefill.exception() is not None:
+                    raise prefill.exception()
+                response = await decode
+            finally:
+                if not decode.done():
+                    decode.cancel()
+            await prefill
+            return response
+        except web.HTTPException as e:
+            if out is None:
+                raise
+            # the stream has begun (status 200): the error goes in it, as vLLM reports errors mid-stream
+            await out.write(sse({"error": {"message": e.text, "code": e.status}}) + b"data: [DONE]\n\n")
+            await out.write_eof()
+            return out
+        finally:
+            if not prefill.done():  # the client went away, or the decode side failed: abort upstream
+                prefill.cancel()
+
+    async def _relay_decode(self, request: web.Request, url: str, body: dict, transfer_id: str,
+                            out: web.StreamResponse | None = None, after: asyncio.Future | None = None,
+                            drop_first: bool = False, marks: bool = False):
+        """The decode instance's answer to the client, as it comes. With `out` (a stream the
+        router began itself), its lines go into it, marked as asked, and the stream ends only
+        once `after` (the prefill, writing its mark or token) is done; with drop_first the first
+        token's line waits for the prefill's token and loses its duplicate."""
+        try:
+            async with self.session.post(url + request.path, json=body) as r:
+                if out is None and not body.get("stream"):
+                    data = await r.read()
+                    return web.Response(body=data, status=r.status, content_type="application/json",
+                                        headers={"X-Transfer-Id": transfer_id})
+                if out is None:
+                    out = web.StreamResponse(status=r.status, headers={"Content-Type": r.headers.get(
+                        "Content-Type", "text/event-stream"), "X-Transfer-Id": transfer_id})
+                    await out.prepare(request)
+                    async for chunk in r.content.iter_any():
+                        await out.write(chunk)
+                    await out.write_eof()
+                    return out
+                if r.status != 200:
+                    raise web.HTTPBadGateway(text=f"decode instance {url}: {r.status} {(await r.text())[:500]}")
+                waiting = True  # for the decode instance's first token
+                async for line in r.content:  # one SSE line at a time
+                    if waiting and line.startswith(b"data: {"):
+                        chunk = json.loads(line[6:])
+                        choices = chunk.get("choices") or []
+                        if choices and (choices[0].get("text") or choices[0].get("token_ids")):
+                            waiting = False
+                            if marks:
+                                await out.write(b": decode-token\n\n")
+                            if drop_first:
+                                try:
+                                    chunk = without_first_token(chunk, await after)
+                                except ValueError as e:
+                                    raise web.HTTPBadGateway(text=str(e)) from None
+                                if chunk is None:
+                                    continue
+                                line = b"data: " + json.dumps(chunk).encode() + b"\n"
+                    await out.write(line)
+                await after  # a decode answered from its prefix cache may end before the prefill's answer
+                await out.write_eof()
+                return out
+        except aiohttp.ClientError as e:
+            raise web.HTTPBadGateway(text=f"decode instance {url}: {type(e).__name__}: {e}") from None
+
+    async def health(self, request: web.Request) -> web.Response:
+        """200 when every instance answers its /health."""
+        bad = []
+        for url in [*(self.prefill.urls if self.prefill else []), *self.decode.urls]:
+            try:
+                async with self.session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                    if r.status != 200:
+                        bad.append(url)
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                bad.append(url)
+        return web.json_response({"unhealthy": bad}, status=503 if bad else 200)
+
+    async def models(self, request: web.Request) -> web.Response:
+        url = self.decode.urls[0]
+        try:
+            async with self.session.get(url + "/v1/models") as r:
+                return web.Response(body=await r.read(), status=r.status, content_type="application/json")
+        except aiohttp.ClientError as e:
+            raise web.HTTPBadGateway(text=f"decode instance {url}: {type(e).__name__}: {e}") from None
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/chat/completions", self.completions)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+
+        async def session(app):
+            # vllm serve closes a connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE); aiohttp reuses one for
+            # 15 s, and a request sent on it as the server closes it fails with "Server
+            # disconnected" (seen once in 2P1D on a loaded machine): reuse idle ones for 2 s only
+            self.session = aiohttp.ClientSession(timeout=self.timeout,
+                                                 connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=2))
+            yield
+            await self.session.close()
+        app.cleanup_ctx.append(session)
+        return app
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m harness.router", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--prefill", action="append", default=[], metavar="URL",
+                    help="a prefill instance (repeat); none: a plain load balancer over the --decode instances")
+    ap.add_argument("--decode", action="append", required=True, metavar="URL", help="a decode instance (repeat)")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8000)
+    ap.add_argument("--policy", choices=POLICIES, default="round_robin")
+    ap.add_argument("--handoff", choices=("push", "pull"), default="push",
+                    help="push: this project's connectors; pull: vLLM's NixlConnector")
+    ap.add_argument("--decode-submit", choices=("early", "after_prefill"), default=None,
+                    help="default: early for push, after_prefill for pull")
+    ap.add_argument("--timeout-s", type=float, default=600.0,
+                    help="an upstream instance that makes no progress for this long fails the request")
+    ap.add_argument("--stream-prefill-token", action="store_true",
+                    help="stream the prefill instance's token at once (the decode instance's duplicate is dropped)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
+    submit = args.decode_submit or ("early" if args.handoff == "push" else "after_prefill")
+    try:
+        router = Router(args.prefill, args.decode, args.policy, args.handoff, submit, args.timeout_s,
+                        args.stream_prefill_token)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    web.run_app(router.app(), host=args.host, port=args.port, print=None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
