@@ -116,7 +116,7 @@ def ttft_overhead_parts(t: dict, base_ttft_ms: float, kv_gates_first_token: bool
       pickup    -> the decode worker takes the KV (hand-off: the prefill's answer, the harness and
                    a decode step; early submission: the worker noticing it)
       scatter   -> the KV in the decode engine's own blocks
-      check     -> its digests computed (the harness's own cost; 0 with check.digests=false)
+      check     -> its digests launched, the staging space given back first (the harness's own cost)
       decode    -> the decode engine's first token (scheduling, its forward pass, output)
     Each point is the latest of itself and the points before it (a worker can take the KV
     before the doorbell's sender has returned; a hand-off load starts before the KV is in), and
