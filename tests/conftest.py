@@ -1,4 +1,6 @@
-"""Shared helpers: run the real harness (`python -m harness`) as a user would, in a subprocess.
+"""Shared helpers: run the real harness (`python -m harness`) as a user would, in a subprocess;
+or, for configurations it must refuse before any engine starts, its run in this process
+(`refused_in_process`: no interpreter, Hydra and vLLM import per case).
 
 Engine start-up dominates test time, so each harness run is a module-scoped fixture whose
 results several tests read.
@@ -6,6 +8,8 @@ results several tests read.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -13,10 +17,14 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from unittest import mock
 
 import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig, OmegaConf
 
 ROOT = Path(__file__).resolve().parent.parent
+OmegaConf.register_new_resolver("project_root", lambda: str(ROOT), replace=True)  # as harness/__main__.py does
 
 
 @dataclass
@@ -42,6 +50,38 @@ def run_harness(run_dir: Path, *overrides: str, timeout: float = 900, env: dict 
     cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}", f"device={device}", *overrides]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     return HarnessRun(p.returncode, p.stdout, p.stderr, run_dir)
+
+
+def compose_config(*overrides: str) -> DictConfig:
+    """The configuration `python -m harness <overrides>` runs with (Hydra's compose API)."""
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def refused_in_process(run_dir: Path, *overrides: str, device: str = "cpu") -> HarnessRun:
+    """What `python -m harness <overrides>` does with a configuration it must refuse, run in this
+    process: the runner harness/__main__.py picks, on the composed config, its stdout and stderr
+    captured. Starting an engine fails the test (a refusal comes before any). Hydra's command
+    line and the process's exit code are proven once each by subprocess tests (test_bad_input.py)."""
+    from harness.offline.deployment import OfflineDeployment
+    from harness.serving.deployment import ServingDeployment
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+    cfg = compose_config(f"device={device}", *overrides)
+    if cfg.runner.name == "serve":
+        from harness.serving.serve import run
+    else:
+        from harness.offline.run import run
+
+    def no_engines(*args, **kwargs):
+        raise AssertionError(f"engines started for a configuration that should have been refused: {overrides}")
+
+    out, err = io.StringIO(), io.StringIO()
+    with mock.patch.object(OfflineDeployment, "start", no_engines), \
+            mock.patch.object(ServingDeployment, "start", no_engines), \
+            contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run(cfg, run_dir)
+    return HarnessRun(code, out.getvalue(), err.getvalue(), run_dir)
 
 
 def write_token_prompts(path: Path, prompts: list[list[int]]) -> Path:

@@ -27,7 +27,7 @@ from harness.results import load_requests, load_runs
 from harness.serving.instances import serve_command
 from harness.serving.load import TIMED_OUT, LoadSpec, arrival_schedule
 from harness.serving.router import Pool, Router
-from tests.conftest import run_harness
+from tests.conftest import refused_in_process, run_harness
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,17 +110,19 @@ def test_arrivals_have_the_requested_rate_and_burstiness_and_repeat_with_their_s
     ("serve.decode_instances=2", "push each prefill instance's KV to one decode instance"),
     ("serve.endpoints.baseline=http://127.0.0.1:9", "needs both a baseline and a disagg URL"),
 ])
-def test_bad_serving_input_is_one_line_and_exit_2_before_anything_starts(results_dir, override, message):
-    run = run_harness(results_dir / "serve-bad", "runner=serve", override, timeout=120)
+@pytest.mark.slow  # in this process (conftest.refused_in_process), which then imports vLLM
+def test_bad_serving_input_is_one_line_and_exit_2_before_anything_starts(tmp_path, override, message):
+    run = refused_in_process(tmp_path / "serve-bad", "runner=serve", override)
     lines = run.stderr.strip().splitlines()
     assert run.code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
     assert run.summary["status"] == "bad_input" and not (run.run_dir / "servers.json").exists()
 
 
-def test_an_unreachable_endpoint_is_exit_2(results_dir):
+@pytest.mark.slow
+def test_an_unreachable_endpoint_is_exit_2(tmp_path):
     dead = f"http://127.0.0.1:{free_port()}"
-    run = run_harness(results_dir / "serve-bad", "runner=serve", f"serve.endpoints.baseline={dead}",
-                      f"serve.endpoints.disagg={dead}", timeout=120)
+    run = refused_in_process(tmp_path / "serve-bad", "runner=serve", f"serve.endpoints.baseline={dead}",
+                             f"serve.endpoints.disagg={dead}")
     assert run.code == 2 and f"serve.endpoints.baseline {dead} does not answer" in run.stderr
 
 
