@@ -22,7 +22,7 @@ _spec = importlib.util.spec_from_file_location("compare_bench", ROOT / "scripts"
 guard = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(guard)
 
-REFERENCE = ROOT / "results" / "gpu" / "session6" / "ttft-early"  # the reference the docs name
+REFERENCE = ROOT / "results" / "gpu" / "session14" / "ttft-early"  # the reference the docs name (scripts/gpu_run.sh)
 
 
 def write_bench(out: Path, shift_ms: float = 0.0, lengths=(2048, 8192), submit: str = "early",
@@ -185,8 +185,9 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, case):
 
 
 def test_the_committed_reference_against_itself_passes():
+    assert f"REF:-{REFERENCE.relative_to(ROOT)}" in (ROOT / "scripts" / "gpu_run.sh").read_text()  # the one it uses
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_bench.py"), str(REFERENCE), str(REFERENCE)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    assert "slower 0, faster 0, same 63, n/a 0" in p.stdout  # 3 strategies x 3 lengths x 7 metrics
+    assert "slower 0, faster 0, same 42, n/a 0" in p.stdout  # 3 strategies x 2 lengths x 7 metrics
     assert "no cell slower" in p.stdout
