@@ -26,7 +26,7 @@ if [ "${1:-check}" != compare ]; then  # compare reads records only: it keeps th
 fi
 case "${1:-check}" in
   check)
-    python3 -m pytest -q tests/test_gpu.py "${@:2}" 2>&1 | tail -30
+    HARNESS_TEST_RESULTS=$PWD/results/tests python3 -m pytest -q tests/test_gpu.py "${@:2}" 2>&1 | tail -30
     for d in results/tests/gpu-*/; do
       [ -f "$d/summary.json" ] && cp "$d/summary.json" "$OUT/check-$(basename "$d").summary.json"
     done ;;

@@ -90,7 +90,12 @@ def write_token_prompts(path: Path, prompts: list[list[int]]) -> Path:
 
 
 @pytest.fixture(scope="session")
-def results_dir() -> Path:
-    d = ROOT / "results" / "tests"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+def results_dir(tmp_path_factory) -> Path:
+    """Where the tests' harness runs write: pytest's temporary directory (it keeps the last three
+    sessions'), not the source tree; $HARNESS_TEST_RESULTS where the runs are wanted (scripts/gpu_run.sh
+    check keeps the GPU tests' runs in results/tests/ to copy them out)."""
+    if os.environ.get("HARNESS_TEST_RESULTS"):
+        d = Path(os.environ["HARNESS_TEST_RESULTS"]).resolve()
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+    return tmp_path_factory.mktemp("results", numbered=False)
