@@ -16,7 +16,7 @@ Triton kernel reads each block once (digest_kernel.py); elsewhere torch multipli
 engine's step goes on (on the decode side the digests sat between the KV's arrival and the
 request's first step: 1.4 ms of TTFT at 8k tokens of the Llama-3-8B shape on an H200), and
 the stream's order still makes the kernel read the blocks before any later forward pass writes
-into them. The worker turns them into hex off the step (worker.RecordQueue).
+into them. The worker turns them into hex off the step (records.RecordQueue).
 """
 
 from __future__ import annotations
