@@ -1,5 +1,6 @@
 # make demo : set up .venv and run the harness on the default config (fused, tiny-llama, smoke prompts)
-# make test : set up .venv, lint, and run every test (real vLLM engines on CPU; 53-70 min on 2 cores, issue 26 is to shorten it)
+# make test : set up .venv, lint, and run one instance of every kind of proof (real vLLM engines on CPU; tests/TIERS.md)
+# make test-full : the same and every further cell of each matrix (tests marked full)
 # make test-fast : the tests that start no engine (seconds)
 PYTHON ?= python3
 VENV   := .venv
@@ -7,7 +8,7 @@ BIN    := $(VENV)/bin
 # vLLM's CUDA build where a GPU driver is present, its CPU build elsewhere
 FLAVOR ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
 
-.PHONY: setup demo test test-fast lint bench clean-venv
+.PHONY: setup demo test test-full test-fast lint bench clean-venv
 
 setup: $(VENV)/.installed-$(FLAVOR)
 
@@ -25,6 +26,9 @@ demo: setup
 	$(BIN)/python -m harness
 
 test: setup lint
+	$(BIN)/python -m pytest -q -m "not full" --durations=25
+
+test-full: setup lint
 	$(BIN)/python -m pytest -q --durations=25
 
 test-fast: setup

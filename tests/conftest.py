@@ -84,6 +84,15 @@ def refused_in_process(run_dir: Path, *overrides: str, device: str = "cpu") -> H
     return HarnessRun(code, out.getvalue(), err.getvalue(), run_dir)
 
 
+FULL = pytest.mark.full  # make test-full only (tests/TIERS.md says what make test keeps of each matrix)
+
+
+def cells(values, kept, ids=None) -> list:
+    """A matrix's cells as pytest params: those in `kept` run in make test, the others only in
+    make test-full (marked full)."""
+    return [pytest.param(v, marks=() if v in kept else FULL, id=ids(v) if ids else None) for v in values]
+
+
 def write_token_prompts(path: Path, prompts: list[list[int]]) -> Path:
     path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     return path

@@ -19,7 +19,7 @@ import pytest
 
 from harness.schema import OVERHEAD_PARTS
 from harness.transfers import TIMELINE
-from tests.conftest import ROOT, run_harness, write_token_prompts
+from tests.conftest import FULL, ROOT, cells, run_harness, write_token_prompts
 
 pytestmark = pytest.mark.engine
 
@@ -73,7 +73,9 @@ def harness_on_edge_prompts(results_dir, tmp_path_factory, name: str, *overrides
                        env=env, device=device)
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+# make test: each built-in strategy once; the other cells (an outside strategy, per-block
+# messages, the hand-off after the prefill, every request in flight) in make test-full
+@pytest.fixture(scope="module", params=cells(CASES, {"fused", "per_request_blocks", "full_cache", "layerwise"}))
 def strategy_run(request, results_dir, tmp_path_factory):
     run = harness_on_edge_prompts(results_dir, tmp_path_factory, request.param, *CASES[request.param])
     run.case = request.param
@@ -206,6 +208,7 @@ def test_no_engine_left_running(strategy_run):
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+@FULL  # vLLM's connectors are proven by vllm_nixl in make test
 def test_vllm_example_connector_on_multi_block_prompts(results_dir):
     """vLLM's own ExampleConnector (through files), unchanged, as a reference point. It keys its
     files by the prompt's whole blocks, so prompts under one block collide (the decode engine
@@ -239,7 +242,8 @@ def test_vllm_nixl_connector_on_the_edge_prompts(results_dir, tmp_path_factory):
     assert all(failed == "0" for _, failed in done[1:]) and int(done[0][1]) <= 1
 
 
-@pytest.fixture(scope="module", params=["fused", "layerwise"])  # after one receive, and after layer-by-layer loads
+# after one receive, and after layer-by-layer loads (make test-full)
+@pytest.fixture(scope="module", params=cells(["fused", "layerwise"], {"fused"}))
 def corrupted_run(request, results_dir, tmp_path_factory):
     return harness_on_edge_prompts(results_dir, tmp_path_factory, f"corrupt-{request.param}",
                                    f"strategy={request.param}", "check.corrupt=true")

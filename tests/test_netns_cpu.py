@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from tests.conftest import run_harness
+from tests.conftest import FULL, run_harness
 from tests.test_bad_input import assert_bad_input
 
 pytestmark = pytest.mark.engine
@@ -58,7 +58,8 @@ def across(netns, port: int) -> list[str]:
             f"run.netns.prefill={netns[0]}", f"run.netns.decode={netns[1]}"]
 
 
-@pytest.mark.parametrize(("strategy", "p", "d"), [("fused", 1, 1), ("per_request_blocks", 1, 2)])
+@pytest.mark.parametrize(("strategy", "p", "d"), [pytest.param("fused", 1, 1),
+                                                  pytest.param("per_request_blocks", 1, 2, marks=FULL)])
 def test_kv_crosses_a_network_interface_between_namespaces(two_hosts, strategy, p, d, tmp_path):
     before = sent_bytes(two_hosts[0])
     run = run_harness(tmp_path / "r", f"strategy={strategy}", *across(two_hosts, 29650),

@@ -9,11 +9,23 @@ import os
 import psutil
 import pytest
 
-from tests.conftest import run_harness
+from tests.conftest import FULL, cells, run_harness
 
 pytestmark = pytest.mark.engine
 
 STRATEGIES = ["fused", "per_request_blocks", "layerwise", "full_cache"]
+# make test runs each scenario once, the strategies spread over them; make test-full every cell
+KEPT = {"decode_preemption": "fused", "prefill_reuse": "per_request_blocks", "drop": "layerwise", "delay": "fused",
+        "truncate": "full_cache", "flip": "per_request_blocks", "aborts": "layerwise"}
+
+
+def strategies(scenario: str) -> list:
+    return cells(STRATEGIES, {KEPT[scenario]})
+
+
+def scenario_cells(kinds: list[str]) -> list:
+    """(kind, strategy) pairs of the fault scenarios, each kind's kept strategy in make test."""
+    return [pytest.param(k, s, marks=() if KEPT[k] == s else FULL, id=f"{k}-{s}") for k in kinds for s in STRATEGIES]
 
 
 def check_passed(run, requests: int = 4) -> dict:
@@ -26,7 +38,7 @@ def check_passed(run, requests: int = 4) -> dict:
     return s
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", strategies("decode_preemption"))
 def test_decode_requests_preempted_after_their_kv_came_end_correctly(results_dir, strategy):
     """Before the fix a preempted decode request waited again for KV it had already taken, and
     failed at run.transfer_timeout_s; now it comes back from the decode engine's prefix cache
@@ -43,7 +55,7 @@ def test_decode_requests_preempted_after_their_kv_came_end_correctly(results_dir
     assert s["timings"]["disagg_s"] < 30  # nobody waited for the transfer timeout
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", strategies("prefill_reuse"))
 def test_prefill_blocks_reused_right_after_a_send_are_sent_intact(results_dir, strategy):
     run = run_harness(results_dir / f"scenario-prefill_reuse-{strategy}", "scenario=prefill_reuse",
                       f"strategy={strategy}")
@@ -80,8 +92,7 @@ def check_faults_caught(run, kind: str, requests: int = 4) -> None:
             assert reason in r["error"] and r["kv_recomputed"] and r["match"]
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("kind", ["drop", "delay"])
+@pytest.mark.parametrize(("kind", "strategy"), scenario_cells(["drop", "delay"]))
 def test_a_transfer_that_never_comes_in_time_is_failed_or_recomputed_at_the_timeout(results_dir, kind, strategy):
     run = run_harness(results_dir / f"scenario-fault_{kind}-{strategy}", f"scenario=fault_{kind}",
                       f"strategy={strategy}")
@@ -89,8 +100,7 @@ def test_a_transfer_that_never_comes_in_time_is_failed_or_recomputed_at_the_time
     assert run.summary["timings"]["disagg_s"] < 2 * 5 + 10  # two requests waited the 5 s timeout, no longer
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-@pytest.mark.parametrize("kind", ["truncate", "flip"])
+@pytest.mark.parametrize(("kind", "strategy"), scenario_cells(["truncate", "flip"]))
 def test_a_transfer_that_arrives_damaged_is_caught_on_arrival(results_dir, kind, strategy):
     run = run_harness(results_dir / f"scenario-fault_{kind}-{strategy}", f"scenario=fault_{kind}",
                       f"strategy={strategy}")
@@ -108,7 +118,7 @@ def test_bit_flips_without_checksums_are_reported_as_missed(results_dir):
     assert all(r["digest_match"] is False and r["error"] is None for r in faulted)
 
 
-@pytest.mark.parametrize("prefill_tp", [1, 2])
+@pytest.mark.parametrize("prefill_tp", cells([1, 2], {1}))
 def test_a_prefill_worker_dying_mid_transfer_stops_the_run(results_dir, prefill_tp):
     """prefill_tp 2: the engine's workers are processes of their own (both die, each on its third
     transfer) and the decode worker joins their heads: the harness may see either engine die
@@ -138,7 +148,7 @@ def _alive_in_group(pgid: int) -> list[int]:
     return alive
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("strategy", strategies("aborts"))
 def test_requests_aborted_at_random_points_leave_nothing_held(results_dir, strategy):
     """Half of the prompts aborted during their prefill, transfer or decode, on either engine or
     both: no KV block, staging region or transfer stays held, and the rest run normally."""

@@ -27,7 +27,7 @@ from harness.results import load_requests, load_runs
 from harness.serving.instances import serve_command
 from harness.serving.load import TIMED_OUT, LoadSpec, arrival_schedule
 from harness.serving.router import Pool, Router
-from tests.conftest import refused_in_process, run_harness
+from tests.conftest import FULL, refused_in_process, run_harness
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -170,6 +170,7 @@ README_SERVE_2P1D = ("runner=serve", "strategy=fused", "serve.prefill_instances=
 
 
 @pytest.mark.engine
+@FULL
 def test_two_prefill_instances_and_the_prefill_token_streamed(results_dir):
     """The README's 2P1D example: both prefill instances serve, every transfer is checked, the
     client's TTFT is the prefill's answer, the decode's first token is recorded beside it."""
@@ -193,6 +194,7 @@ def test_two_prefill_instances_and_the_prefill_token_streamed(results_dir):
 
 
 @pytest.mark.engine
+@FULL
 def test_a_request_past_its_time_limit_is_recorded_as_failed_and_the_run_goes_on(results_dir):
     """run.request_timeout_s shorter than a request takes: each such request is failed with its
     reason, counted, and the run still ends normally with no KV held (the router aborted them
@@ -209,6 +211,7 @@ def test_a_request_past_its_time_limit_is_recorded_as_failed_and_the_run_goes_on
 
 
 @pytest.mark.engine
+@FULL
 def test_an_instance_that_dies_stops_the_run_with_exit_3_keeping_its_records(results_dir):
     run_dir = results_dir / "serve-death"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -240,6 +243,7 @@ def test_an_instance_that_dies_stops_the_run_with_exit_3_keeping_its_records(res
 
 
 @pytest.mark.engine
+@FULL
 def test_the_router_benchmark_runs_as_the_readme_shows(results_dir):
     out = results_dir / "bench-router"
     shutil.rmtree(out, ignore_errors=True)
@@ -261,6 +265,7 @@ def test_the_crosscheck_benchmark_refuses_bad_input_before_starting_anything(res
 
 
 @pytest.mark.engine
+@FULL
 def test_the_crosscheck_benchmark_runs_as_the_readme_shows(results_dir):
     """The same cross-check as tests/test_serve_deployment.py, on an instance of the script's own
     (its prefix cache off); the figures' agreement is that test's to check."""

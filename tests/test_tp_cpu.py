@@ -14,7 +14,7 @@ import os
 
 import pytest
 
-from tests.conftest import ROOT, run_harness
+from tests.conftest import FULL, ROOT, cells, run_harness
 from tests.test_e2e_cpu import edge_prompts, harness_on_edge_prompts
 from tests.test_scenarios_cpu import check_faults_caught
 from transfer_strategies.records import rank_path
@@ -38,8 +38,12 @@ def tp_overrides(p: int, d: int) -> list[str]:
 REPLICATED = [("fused", 1, 4), ("fused", 4, 2)]
 
 
-@pytest.fixture(scope="module", params=[(s, p, d) for p, d in DEGREES for s in STRATEGIES] + REPLICATED,
-                ids=lambda c: f"{c[0]}-{c[1]}to{c[2]}")
+# make test: each degree pair once, the strategies spread over them; make test-full every cell
+KEPT = {("fused", 1, 2), ("per_request_blocks", 2, 1), ("layerwise", 2, 2)}
+
+
+@pytest.fixture(scope="module", params=cells([(s, p, d) for p, d in DEGREES for s in STRATEGIES] + REPLICATED, KEPT,
+                                             ids=lambda c: f"{c[0]}-{c[1]}to{c[2]}"))
 def tp_run(request, results_dir, tmp_path_factory):
     strategy, p, d = request.param
     shm_before = set(os.listdir("/dev/shm"))
@@ -97,6 +101,7 @@ def test_each_worker_digests_its_own_heads_and_together_they_cover_the_model(tp_
     assert bytes_by_transfer("send", p) == bytes_by_transfer("receive", d)
 
 
+@FULL  # the negative control (tests/test_e2e_cpu.py) and TP's digests per head (above) are in make test
 @pytest.mark.parametrize(("p", "d"), [(1, 2), (2, 1)])
 def test_the_negative_control_is_caught_on_every_decode_worker(p, d, results_dir, tmp_path_factory):
     run = harness_on_edge_prompts(results_dir, tmp_path_factory, f"tp-negative-{p}to{d}", "strategy=fused",
@@ -121,6 +126,7 @@ def test_the_negative_control_is_caught_on_every_decode_worker(p, d, results_dir
 # recompute the request as one. 2 -> 1 joins the parts, 1 -> 2 cuts them, 2 -> 2 waits per worker.
 @pytest.mark.parametrize(("kind", "strategy", "p", "d"), [
     ("truncate", "fused", 2, 1), ("flip", "fused", 1, 2), ("drop", "layerwise", 2, 2)])
+@FULL  # each fault scenario at TP 1 and each degree pair are in make test
 def test_transport_faults_are_caught_on_every_worker(kind, strategy, p, d, results_dir):
     shm_before = set(os.listdir("/dev/shm"))
     # six processes on two cores: a prefill forward can take seconds, and an undamaged transfer
