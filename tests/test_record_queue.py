@@ -33,10 +33,10 @@ class Pending:
 
 def test_a_record_is_written_once_its_digests_are_in_and_flush_waits_for_it(tmp_path):
     path = tmp_path / "r.jsonl"
-    records, reader = RecordQueue(TransferRecordWriter(path)), TransferRecordReader(path)
+    records, writer, reader = RecordQueue(), TransferRecordWriter(path), TransferRecordReader(path)
     slow = Pending()
-    records.put(a_record("slow"), slow)  # returns at once: the step goes on
-    records.put(a_record("plain"))  # nothing pending: written now
+    records.put(writer, a_record("slow"), slow)  # returns at once: the step goes on
+    records.put(writer, a_record("plain"))  # nothing pending: written now
     assert [r.transfer_id for r in reader.read_new()] == ["plain"]
     slow.done.set()
     records.flush()
@@ -46,10 +46,10 @@ def test_a_record_is_written_once_its_digests_are_in_and_flush_waits_for_it(tmp_
 
 def test_digests_that_fail_leave_a_record_that_says_so(tmp_path):
     path = tmp_path / "r.jsonl"
-    records = RecordQueue(TransferRecordWriter(path))
+    records = RecordQueue()
     broken = Pending(fail=True)
     broken.done.set()
-    records.put(a_record(), broken)
+    records.put(TransferRecordWriter(path), a_record(), broken)
     records.flush()
     (written,) = TransferRecordReader(path).read_new()
     assert written.digests is None and "device lost" in written.error
@@ -66,3 +66,20 @@ def test_a_workers_digests_are_of_the_blocks_when_launched_and_in_its_file_once_
     w.held()  # what the harness asks once every request ended: flushes the records first
     (written,) = TransferRecordReader(tmp_path / "prefill-transfers.jsonl").read_new()
     assert written.digests == expected and written.digest_ms is not None
+
+
+def test_a_request_that_names_its_records_file_has_its_record_written_there(tmp_path):
+    """Engines kept between runs (harness/offline/engine_pool.py): each run's requests name
+    their own run's file; a request naming none goes to the connector's default."""
+    cache = {f"layer.{i}": torch.randn(8, 2, 4, 8) for i in range(3)}
+    w = TransferWorker("FusedConnector", True, {"stats_path": str(tmp_path / "first" / "prefill-transfers.jsonl")}, {})
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    w.attach(cache, 8)
+    second = tmp_path / "second" / "prefill-transfers.jsonl"
+    w._record(TransferRequest("t1", "r1", [2], num_tokens=8), "send")
+    w._record(TransferRequest("t2", "r2", [5], num_tokens=8, records=str(second)), "send")
+    w.held()
+    first = TransferRecordReader(tmp_path / "first" / "prefill-transfers.jsonl").read_new()
+    assert [r.transfer_id for r in first] == ["t1"]
+    assert [r.transfer_id for r in TransferRecordReader(second).read_new()] == ["t2"]

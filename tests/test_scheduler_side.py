@@ -9,8 +9,10 @@ from transfer_strategies.scheduler import RequestTracker
 BLOCK = 4
 
 
-def request(rid: str, prompt_len: int, transfer_id: str | None = "t"):
+def request(rid: str, prompt_len: int, transfer_id: str | None = "t", records: str | None = None):
     params = {"transfer_id": transfer_id} if transfer_id else None
+    if records:
+        params["records"] = records
     return NS(request_id=rid, prompt_token_ids=list(range(prompt_len)), kv_transfer_params=params)
 
 
@@ -120,7 +122,16 @@ def test_a_request_finished_while_parked_is_cancelled_for_the_worker():
 
 
 class Recorded(list):
+    """The compute records written (in place of records.RecordWriters), and the file each named."""
     write = list.append
+
+    def __init__(self):
+        super().__init__()
+        self.named: list[str | None] = []
+
+    def get(self, named=None):
+        self.named.append(named)
+        return self
 
 
 def test_decode_counts_what_vllm_scheduled_it_to_compute_and_what_it_loaded():
@@ -136,6 +147,19 @@ def test_decode_counts_what_vllm_scheduled_it_to_compute_and_what_it_loaded():
     assert (rec.side, rec.prompt_tokens, rec.computed_tokens, rec.loaded_tokens, rec.cached_tokens) == \
         ("decode", 10, 1, 5, 9)
     assert rec.recomputed_tokens == 0 and rec.preemptions == 0
+
+
+def test_a_request_that_names_its_records_file_has_its_records_go_there():
+    """Engines kept between runs: each run's requests name their own run's files."""
+    records = Recorded()
+    t = RequestTracker(is_producer=False, block_size=BLOCK, records=records)
+    r = request("a", prompt_len=10, records="/runs/2/decode-transfers.jsonl")
+    t.matched_tokens(r, 0)
+    t.allocated(r, NS(get_block_ids=lambda: ([4],)), num_external_tokens=9)
+    (load,) = t.step_metadata(step(new=[("a", [4], 9)], scheduled={"a": 1})).loads
+    assert load.records == "/runs/2/decode-transfers.jsonl"  # the worker's transfer record too
+    t.finished(r)
+    assert records.named == ["/runs/2/decode-transfers.jsonl"] and len(records) == 1
 
 
 def test_a_decode_request_that_recomputed_its_prompt_is_counted():

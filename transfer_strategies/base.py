@@ -55,7 +55,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from transfer_strategies.faults import TransferFault
 from transfer_strategies.kv_blocks import KVBlocks
-from transfer_strategies.records import TransferRecordWriter, compute_path
+from transfer_strategies.records import RecordWriters, compute_path
 from transfer_strategies.scheduler import RequestTracker, TransferMetadata, TransferRequest
 from transfer_strategies.tp import Placement
 from transfer_strategies.transport import Message
@@ -82,8 +82,7 @@ class TransferConnector(KVConnectorBase_V1):
         self.scheduler = self.worker = None
         if role == KVConnectorRole.SCHEDULER:
             stats_path = (extra.get("harness") or {}).get("stats_path")
-            records = TransferRecordWriter(compute_path(stats_path)) if stats_path else None
-            self.scheduler = RequestTracker(self.is_producer, self.block_size, records)
+            self.scheduler = RequestTracker(self.is_producer, self.block_size, RecordWriters(stats_path, compute_path))
         else:
             self.worker = TransferWorker(type(self).__name__, self.is_producer, dict(extra.get("harness") or {}),
                                          dict(extra.get("transport") or {}))

@@ -7,16 +7,27 @@ from __future__ import annotations
 TRANSFER_ID = "transfer_id"  # both requests of one prompt: the prefill's send and the decode's receive meet by it
 LOAD = "load"
 ASYNC_LOAD = "async"  # LOAD of a decode request submitted before its KV exists (early submission)
+# the file this request's transfer records go to (rank 0's; records.rank_path, records.compute_path
+# beside it), so that engines kept between runs write each run's records into its own directory;
+# absent: the connector's harness.stats_path
+RECORDS = "records"
 
 
-def push_params(transfer_id: str, early: bool = False) -> dict:
+def push_params(transfer_id: str, early: bool = False, records: str | None = None) -> dict:
     """kv_transfer_params of a request to a push strategy's engine; early: a decode request sent
     with the prefill request, parked in vLLM until its KV is in."""
-    return {TRANSFER_ID: transfer_id, LOAD: ASYNC_LOAD} if early else {TRANSFER_ID: transfer_id}
+    params = {TRANSFER_ID: transfer_id, LOAD: ASYNC_LOAD} if early else {TRANSFER_ID: transfer_id}
+    if records is not None:
+        params[RECORDS] = records
+    return params
 
 
 def transfer_id_of(params: dict | None) -> str | None:
     return (params or {}).get(TRANSFER_ID)
+
+
+def records_of(params: dict | None) -> str | None:
+    return (params or {}).get(RECORDS)
 
 
 def loads_async(params: dict | None) -> bool:

@@ -39,7 +39,7 @@ from pathlib import Path
 #      not the decode engine's own prefix-cache hits; a transfer that wrote nothing has none to judge
 #   9: digests off the engines' steps: t_kv_checked is when they were launched on the device,
 #      digest_ms their own time (the device's, then the hex), no longer the step's
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 UNVERSIONED = 1  # what a row without schema_version is
 
 
@@ -215,36 +215,58 @@ class TransferRecordWriter:
             f.write(line)
 
 
+class RecordWriters:
+    """One writer per records file, made when first asked for: a request names its file
+    (kv_transfer_params' records), else the connector's default (harness.stats_path, or none).
+    `path` maps the named file to this process's own (records.rank_path, compute_path)."""
+
+    def __init__(self, default: str | None, path=Path):
+        self.default, self.path = default, path
+        self._writers: dict[str, TransferRecordWriter] = {}
+
+    def get(self, named: str | None = None) -> TransferRecordWriter | None:
+        name = named or self.default
+        if not name:
+            return None
+        if name not in self._writers:
+            self._writers[name] = TransferRecordWriter(self.path(name))
+        return self._writers[name]
+
+    @property
+    def any(self) -> bool:
+        """Whether records are written at all (a default file, or a request named one)."""
+        return bool(self.default or self._writers)
+
+
 class RecordQueue:
     """Writes the transfer records whose digests the device is still computing, from a thread of
     its own once they are in (`pending.result()`: digests.PendingDigests), so that no engine
     step waits for them; a record without pending digests is written at once. `flush` returns
     when everything put has been written."""
 
-    def __init__(self, writer: TransferRecordWriter):
-        self.writer = writer
+    def __init__(self):
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
 
-    def put(self, record: TransferRecord, pending=None) -> None:
+    def put(self, writer: TransferRecordWriter, record: TransferRecord, pending=None) -> None:
         if pending is None:
-            self.writer.write(record)
+            writer.write(record)
             return
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="transfer-records", daemon=True)
             self._thread.start()
-        self._queue.put((record, pending))
+        self._queue.put((writer, record, pending))
 
     def _run(self) -> None:
         while True:
-            record, pending = self._queue.get()
+            writer, record, pending = self._queue.get()
             try:
                 record.digests = pending.result()
                 record.digest_ms = pending.ms
             except Exception as e:  # noqa: BLE001 - the record says so: its transfer is not judged equal
                 record.error = f"its digests could not be computed: {e!r}"
             try:
-                self.writer.write(record)
+                writer.write(record)
             finally:
                 self._queue.task_done()
 

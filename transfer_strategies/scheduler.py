@@ -45,7 +45,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 from transfer_strategies import kv_transfer_params
-from transfer_strategies.records import ComputeRecord, TransferRecordWriter
+from transfer_strategies.records import ComputeRecord, RecordWriters
 
 
 @dataclass
@@ -65,6 +65,7 @@ class TransferRequest:
     messages: int = 0
     received: list = field(default_factory=list)  # the transport's Messages
     fault: str | None = None  # prefill: the transport fault a scenario injects into this transfer (faults.py)
+    records: str | None = None  # the file its records go to (kv_transfer_params' records; None: the default)
 
     @property
     def written_block_ids(self) -> list[int]:
@@ -96,6 +97,10 @@ def loads_async(request) -> bool:
     return kv_transfer_params.loads_async(request.kv_transfer_params)
 
 
+def records_of(request) -> str | None:
+    return kv_transfer_params.records_of(request.kv_transfer_params)
+
+
 def single_group(block_ids):
     if len(block_ids) != 1:
         raise NotImplementedError("transfer strategies support one KV cache group (no hybrid models)")
@@ -106,10 +111,11 @@ class RequestTracker:
     """The scheduler side's state: prefill requests whose KV has not left yet, and decode
     requests whose blocks were allocated since the last step or that wait for their KV."""
 
-    def __init__(self, is_producer: bool, block_size: int, records: TransferRecordWriter | None = None):
+    def __init__(self, is_producer: bool, block_size: int, records: RecordWriters | None = None):
         self.is_producer = is_producer
         self.block_size = block_size
-        self.records = records  # where each request's ComputeRecord goes when vLLM frees it
+        # where each request's ComputeRecord goes when vLLM frees it
+        self.records = records if records is not None else RecordWriters(None)
         self._computed: dict[str, ComputeRecord] = {}  # req_id -> its counts so far (requests with a transfer id)
         self._sends: dict[str, TransferRequest] = {}  # prefill: req_id -> blocks so far
         self._local_hits: dict[str, int] = {}  # decode: req_id -> tokens its prefix cache held
@@ -138,13 +144,15 @@ class RequestTracker:
         n_tok = len(request.prompt_token_ids) - 1
         now = time.monotonic()
         if self.is_producer:
-            self._sends[request.request_id] = TransferRequest(tid, request.request_id, [], n_tok, t_admitted=now)
+            self._sends[request.request_id] = TransferRequest(tid, request.request_id, [], n_tok, t_admitted=now,
+                                                              records=records_of(request))
             return
         # decode: every request with a transfer id takes its message, even when nothing is
         # loaded (all blocks were already cached here), so the sender's space is freed.
         block_ids = list(single_group(blocks.get_block_ids()))[: blocks_for(n_tok, self.block_size)]
         skip = self._local_hits.pop(request.request_id, 0) // self.block_size
-        req = TransferRequest(tid, request.request_id, block_ids, n_tok, skip, t_admitted=now)
+        req = TransferRequest(tid, request.request_id, block_ids, n_tok, skip, t_admitted=now,
+                              records=records_of(request))
         if not loads_async(request):
             self._next.loads.append(req)
         elif num_external_tokens > 0:  # vLLM parks it only then
@@ -219,8 +227,9 @@ class RequestTracker:
     def finished(self, request) -> None:
         self._sends.pop(request.request_id, None)
         account = self._computed.pop(request.request_id, None)
-        if account is not None and self.records is not None:
-            self.records.write(account)
+        writer = self.records.get(records_of(request)) if account is not None else None
+        if writer is not None:
+            writer.write(account)
         if request.request_id in self._parked:  # aborted (or failed) before its KV was loaded
             self._parked.discard(request.request_id)
             self._next.cancelled.append(request.request_id)

@@ -25,7 +25,7 @@ from transfer_strategies.head_shards import open_sharded
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.negative_control import corrupt_received
 from transfer_strategies.parking import ParkedRequests
-from transfer_strategies.records import RecordQueue, TransferRecord, TransferRecordWriter, rank_path
+from transfer_strategies.records import RecordQueue, RecordWriters, TransferRecord, TransferRecordWriter, rank_path
 from transfer_strategies.scheduler import TransferRequest
 from transfer_strategies.tp import Placement, Share
 from transfer_strategies.transport import Message, open_channel
@@ -43,7 +43,8 @@ class TransferWorker:
         self.transport = transport
         self.verify = bool(harness.get("verify", True))
         self.corrupt = bool(harness.get("corrupt", False))
-        self.records: RecordQueue | None = None  # opened in register, when this worker's rank is known
+        self.records = RecordQueue()
+        self.writers: RecordWriters | None = None  # made in register, when this worker's rank is known
         self.kv: KVBlocks | None = None
         self.place: Placement | None = None
         self.channel = None
@@ -52,8 +53,8 @@ class TransferWorker:
         self.faults = FaultInjector(harness.get("fault"), self.timeout_s)  # prefill: a scenario's transport faults
         self.parking = ParkedRequests(self.timeout_s)  # decode, early submission
         self._scheduled_at: dict[str, float] = {}  # req id -> when its first decode step was scheduled
-        # receive records waiting for that stamp, with their digests
-        self._unwritten: dict[str, tuple[TransferRecord, PendingDigests | None]] = {}
+        # receive records waiting for that stamp, with their digests and file
+        self._unwritten: dict[str, tuple[TransferRecordWriter, TransferRecord, PendingDigests | None]] = {}
 
     def register(self, kv_caches: dict[str, torch.Tensor], num_blocks: int, block_size: int,
                  place: Placement | None = None) -> None:
@@ -78,8 +79,7 @@ class TransferWorker:
         """This engine's KV cache and records, before any channel opens."""
         self.place = place
         rank = 0 if place is None else place.rank
-        if self.harness.get("stats_path"):
-            self.records = RecordQueue(TransferRecordWriter(rank_path(self.harness["stats_path"], rank)))
+        self.writers = RecordWriters(self.harness.get("stats_path"), lambda path: rank_path(path, rank))
         self.kv = KVBlocks(kv_caches, num_blocks, None if place is None else len(place.heads))
         self.digests = BlockDigests(self.kv, None if place is None else place.heads)
 
@@ -170,7 +170,7 @@ class TransferWorker:
             if rid in self._unwritten:  # loaded, then finished before vLLM scheduled it
                 self._write_receive(*self._unwritten.pop(rid), rid)
         self.parking.scheduled(meta.scheduled)
-        if self.records is not None:
+        if self.writers.any:  # read only by the records (a stamp nothing pops would stay)
             self._scheduled_at.update(meta.scheduled)
         for rid in [r for r in self._unwritten if r in self._scheduled_at]:
             self._write_receive(*self._unwritten.pop(rid), rid)
@@ -263,13 +263,14 @@ class TransferWorker:
 
     def _record(self, req: TransferRequest, side: str, **times) -> None:
         pending = None
-        if self.verify and self.records is not None and "error" not in times:
+        writer = self.writers.get(req.records)
+        if self.verify and writer is not None and "error" not in times:
             # queued on the device's stream before any later forward pass can write these blocks;
             # turned into hex and written by the record queue's thread, off this step
             pending = self.digests.launch(self.transfer_block_ids(req))
         if "t_kv_ready" in times:  # what checking the KV held up the request (launching its digests)
             times["t_kv_checked"] = time.monotonic()
-        if self.records is None:
+        if writer is None:
             return
         record = TransferRecord(
             transfer_id=req.transfer_id, side=side, strategy=self.strategy, blocks=len(req.block_ids), fault=req.fault,
@@ -278,22 +279,22 @@ class TransferWorker:
             skip_blocks=req.skip_blocks, tokens=req.num_tokens, kv_cache_blocks=self.kv.num_blocks,
             kv_cache_bytes=self.kv.cache_bytes(), bytes=req.bytes, messages=req.messages, **times)
         if side == "send" or "t_decode_scheduled" in times:
-            self.records.put(record, pending)
+            self.records.put(writer, record, pending)
         elif req.req_id in self._scheduled_at or "error" in times:
-            self._write_receive(record, pending, req.req_id)
+            self._write_receive(writer, record, pending, req.req_id)
         else:  # parked: written when vLLM schedules its first decode step
-            self._unwritten[req.req_id] = (record, pending)
+            self._unwritten[req.req_id] = (writer, record, pending)
 
-    def _write_receive(self, record: TransferRecord, pending: PendingDigests | None, req_id: str) -> None:
+    def _write_receive(self, writer: TransferRecordWriter, record: TransferRecord, pending: PendingDigests | None,
+                       req_id: str) -> None:
         record.t_decode_scheduled = self._scheduled_at.pop(req_id, None)
-        self.records.put(record, pending)
+        self.records.put(writer, record, pending)
 
     def held(self) -> dict:
         """What this worker still holds once every request has ended (all 0 unless something
         leaked): prefill, staging regions of the receiver's buffer; decode, transfers whose
         messages wait in its inbox and requests parked for KV."""
-        if self.records is not None:
-            self.records.flush()  # every transfer so far in its file before the harness reads on
+        self.records.flush()  # every transfer so far in its file before the harness reads on
         if self.channel is None:
             return {}
         if self.is_producer:
@@ -301,7 +302,6 @@ class TransferWorker:
         return {"transfers": self.channel.inbox.held(), "parked": self.parking.count()}
 
     def close(self) -> None:
-        if self.records is not None:
-            self.records.flush()
+        self.records.flush()
         if self.channel is not None:
             self.channel.close()
