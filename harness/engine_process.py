@@ -115,6 +115,7 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
             llm.generate([{"prompt_token_ids": [(7 * i) % 97 + 3 for i in range(n)]}],
                          SamplingParams(max_tokens=3, ignore_eos=True, detokenize=False, logprobs=1), use_tqdm=False)
         engine = llm.llm_engine
+        engine.reset_prefix_cache()  # a run starts with an empty cache, as one on a kept engine does
         # as vLLM resolved it: eager mode, the backend and the connector may each have changed it
         mode = getattr(engine.vllm_config.compilation_config, "cudagraph_mode", None)
         conn.send(("ready", {"startup_s": time.monotonic() - t0, "cudagraph_mode": getattr(mode, "name", None)}))
@@ -197,6 +198,7 @@ class EngineProcess:
     segments: set[str] = field(init=False, default_factory=set)  # /dev/shm files its processes mapped when ready
 
     def __post_init__(self):
+        self.semaphores_before = process_group.semaphores()
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, name=f"engine-{self.name}",
@@ -256,7 +258,10 @@ class EngineProcess:
         try:
             self._stop_group(grace_s)
         finally:
-            process_group.remove_unmapped(segments)
+            # and the semaphores its processes opened and closed again: this process's resource
+            # tracker, which they share, unlinks them only when this process exits (a sweep, a
+            # test session: many runs later); none opens one again once it has started
+            process_group.remove_unmapped(segments | (process_group.semaphores() - self.semaphores_before))
 
     def _stop_group(self, grace_s: float) -> None:
         if self.proc.is_alive():

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from harness.checks import decode_submit
 from harness.engine_config import channel_files, engine_args, engine_env, free_port, pulls, tp_degrees, transfer_config
 from harness.engine_process import EngineDied, EngineProcess, wait_ready
+from harness.offline.engine_pool import EnginePool, engine_key
 from harness.offline.pipeline import Abort, pipeline
 from harness.records import write_json
 from harness.transfers import TransferStats
@@ -51,15 +52,16 @@ def sampling_params(cfg: DictConfig, max_tokens: int, kv_transfer_params: dict |
 
 
 def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_result: dict | None,
-                   early: bool = False) -> dict:
+                   early: bool = False, records: Path | None = None) -> dict:
     """kv_transfer_params of a request to the prefill or decode engine.
     push (this project's strategies): both requests carry one transfer id; the prefill worker
       sends, the decode worker takes the message with that id. A decode request submitted early
-      (with the prefill request) asks to be parked until its KV is in ("load": "async").
+      (with the prefill request) asks to be parked until its KV is in ("load": "async"). Each
+      names the file its engine's records go to (records: this run's, engines may be kept).
     pull (vLLM's NixlConnector): the prefill request asks the engine to keep the KV for a remote
       decode; the engine answers where it is, and the decode request carries that answer."""
     if not pulls(strategy):
-        return push_params(transfer_id, early=stage == "decode" and early)
+        return push_params(transfer_id, early=stage == "decode" and early, records=str(records) if records else None)
     if stage == "prefill":
         return {"do_remote_decode": True}
     params = (prefill_result or {}).get("kv_transfer_params")
@@ -69,14 +71,19 @@ def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_r
     return params
 
 
+# the engines kept and reused together (offline/engine_pool.py): the P/D pair shares its channel
+SLOTS = {"baseline": ("baseline",), "disagg": ("prefill", "decode")}
+
+
 class OfflineDeployment:
     """The baseline, prefill and decode engines of one run, child processes of this one: started
     (the prefill and decode engines beside the baseline with run.overlap_startup, else once it has
-    stopped), driven a pass at a time, asked what they still hold, and stopped. A prompt's prefill
+    stopped) or taken from `pool` (engines an earlier run of this process kept: run.reuse_engines),
+    driven a pass at a time, asked what they still hold, and stopped or kept. A prompt's prefill
     and decode requests carry one transfer id (transfer_id), the connectors' records too."""
 
-    def __init__(self, cfg: DictConfig, device: str, run_dir: Path):
-        self.cfg, self.device, self.run_dir = cfg, device, run_dir
+    def __init__(self, cfg: DictConfig, device: str, run_dir: Path, pool: EnginePool | None = None):
+        self.cfg, self.device, self.run_dir, self.pool = cfg, device, run_dir, pool
         self.rendezvous = run_dir / "kv-channel.port"  # the prefill worker writes the port it bound
         for path in channel_files(self.rendezvous, *tp_degrees(cfg)):
             path.unlink(missing_ok=True)
@@ -91,38 +98,70 @@ class OfflineDeployment:
                             kv_transfer_config=transfer_config(cfg, "decode", self.rendezvous, self.stats_paths[1])),
                        cfg.device.decode_gpu),
         }
+        self.envs = {name: self._env(name) for name in self.specs}
+        self.keys = {slot: engine_key([(*self.specs[n][:1], self.envs[n], self.specs[n][1]) for n in names])
+                     for slot, names in SLOTS.items()}
         self.engines: dict[str, EngineProcess] = {}
+        self.reused: dict[str, bool] = {}  # engine name -> taken from the pool (not started by this run)
+        # what stopping each slot's engines leaves to remove: the channel's files of the run that started them
+        self.cleanups = {"baseline": lambda: None,
+                         "disagg": lambda: remove_leftovers(channel_files(self.rendezvous, *tp_degrees(cfg)))}
 
-    def _start(self, name: str) -> EngineProcess:
-        a, gpu = self.specs[name]
-        env = engine_env(self.cfg, self.device, gpu, name)
+    def _env(self, name: str) -> dict:
+        env = engine_env(self.cfg, self.device, self.specs[name][1], name)
         if name != "baseline" and pulls(self.cfg.strategy):
             # vLLM's NIXL connector listens on a side channel per engine for the handshake
             env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
-        self.engines[name] = EngineProcess(name, a, env, self.run_dir / f"{name}.log")
+        return env
+
+    def _start(self, *slots: str) -> list[EngineProcess]:
+        """The slots' engines: taken from the pool where it kept them for this key (their prefix
+        caches emptied), else started; returns those started, to wait for. Every slot is taken
+        (what the pool kept under another key stopped) before any engine starts."""
+        fresh = [slot for slot in slots if not self._take(slot)]
+        for slot in fresh:
+            for name in SLOTS[slot]:
+                self.engines[name] = EngineProcess(name, self.specs[name][0], self.envs[name],
+                                                   self.run_dir / f"{name}.log")
+                self.reused[name] = False
         # who is who while the run goes on (a monitor samples their memory: scripts/bench_soak.py)
         write_json(self.run_dir / "engines.json", {n: e.proc.pid for n, e in self.engines.items()})
-        return self.engines[name]
+        return [self.engines[n] for slot in fresh for n in SLOTS[slot]]
+
+    def _take(self, slot: str) -> bool:
+        kept = self.pool.take(slot, self.keys[slot]) if self.pool is not None else None
+        if kept is None:
+            return False
+        if not all([e.reset_prefix_cache() for e in kept.engines]):  # noqa: C419 - each one emptied
+            kept.stop()  # still busy with something: not as a fresh engine would be
+            return False
+        for e in kept.engines:
+            self.engines[e.name], self.reused[e.name] = e, True
+        self.cleanups[slot] = kept.cleanup
+        return True
 
     def start(self) -> float:
         """Starts the baseline engine, and with run.overlap_startup the prefill and decode engines
-        beside it; returns the seconds until all of them were ready."""
+        beside it (or takes them from the pool); returns the seconds until all were ready."""
         t0 = time.monotonic()
-        first = [self._start("baseline")]
-        if self.cfg.run.overlap_startup:
-            first += [self._start("prefill"), self._start("decode")]
-        wait_ready(first, self.cfg.run.startup_timeout_s)
+        wait_ready(self._start("baseline", *(["disagg"] if self.cfg.run.overlap_startup else [])),
+                   self.cfg.run.startup_timeout_s)
         return time.monotonic() - t0
 
     def start_disagg(self) -> float:
-        """Without run.overlap_startup: stops the baseline engine and starts the prefill and decode
-        engines; returns the seconds until they were ready (0: already started beside it)."""
+        """Without run.overlap_startup: stops the baseline engine (never kept then: the three did
+        not fit together) and starts the prefill and decode engines; returns the seconds until
+        they were ready (0: already started beside it)."""
         if self.cfg.run.overlap_startup:
             return 0.0
         self.engines["baseline"].stop()
         t0 = time.monotonic()
-        wait_ready([self._start("prefill"), self._start("decode")], self.cfg.run.startup_timeout_s)
+        wait_ready(self._start("disagg"), self.cfg.run.startup_timeout_s)
         return time.monotonic() - t0
+
+    def engine_logs(self) -> dict[str, str]:
+        """Where each engine's log is: a kept engine's is in the run that started it."""
+        return {n: str(e.log_path) for n, e in self.engines.items()}
 
     def transfer_id(self, p: Prompt) -> str:
         return f"{self.tag}-{p.index}"
@@ -141,10 +180,11 @@ class OfflineDeployment:
         (decode_submit=early: both requests at once, the decode request parked until its KV is in)."""
         cfg, s, tid = self.cfg, self.cfg.strategy, self.transfer_id
         early = decode_submit(cfg) == "early"
+        sends, receives = self.stats_paths
         prefill = (self.engines["prefill"],
-                   lambda p, r: sampling_params(cfg, 1, handoff_params(s, "prefill", tid(p), None)))
+                   lambda p, r: sampling_params(cfg, 1, handoff_params(s, "prefill", tid(p), None, records=sends)))
         decode = (self.engines["decode"], lambda p, r: sampling_params(
-            cfg, cfg.sampling.max_tokens, handoff_params(s, "decode", tid(p), r[0], early)))
+            cfg, cfg.sampling.max_tokens, handoff_params(s, "decode", tid(p), r[0], early, records=receives)))
         stages = [[prefill, decode]] if early else [[prefill], [decode]]
         pipeline(stages, workload, cfg.run.request_timeout_s, on_finish, phase=phase, aborts=aborts)
 
@@ -158,12 +198,21 @@ class OfflineDeployment:
         return settled_usage([self.engines["prefill"], self.engines["decode"]],
                              settle_s=15.0 if self.cfg.strategy.module else 0.0)
 
-    def stop(self, grace_s: float) -> float:
-        """Stops every engine started, then removes what the KV channel leaves behind when its
-        engines were killed while opening it; returns the seconds the engines took to stop."""
+    def stop(self, grace_s: float, keep: bool = False) -> float:
+        """Stops every engine (keep, with a pool: hands each slot's engines, all alive, back to
+        it instead), then removes what the KV channel leaves behind when its engines were killed
+        while opening it; returns the seconds the engines took to stop."""
         t0 = time.monotonic()
-        for e in self.engines.values():
-            e.stop(grace_s=grace_s)
-        stopped_s = time.monotonic() - t0
-        remove_leftovers(channel_files(self.rendezvous, *tp_degrees(self.cfg)))
-        return stopped_s
+        # a fault scenario's engines count their transfers (every 2nd is faulted): not reused
+        keep = keep and self.pool is not None and not self.cfg.scenario.get("fault")
+        for slot, names in SLOTS.items():
+            engines = [self.engines[n] for n in names if n in self.engines]
+            if keep and len(engines) == len(names) and all(e.proc.is_alive() for e in engines):
+                self.pool.keep(slot, self.keys[slot], engines, self.cleanups[slot])
+                continue
+            try:
+                for e in engines:
+                    e.stop(grace_s=grace_s)
+            finally:
+                self.cleanups[slot]()
+        return time.monotonic() - t0

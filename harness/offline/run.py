@@ -19,6 +19,7 @@ from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.engine_config import link_ceiling
 from harness.engine_process import EngineDied
 from harness.offline.deployment import OfflineDeployment
+from harness.offline.engine_pool import POOL
 from harness.offline.pipeline import abort_plan
 from harness.offline.rows import RunRows
 from harness.records import JsonlWriter, ended_early, format_table, run_summary, summarize, versions, write_json
@@ -46,12 +47,13 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     write_json(run_dir / "meta.json", meta)
     ceiling = copy_ceiling_gbps(device)  # before the engines start: the machine is quiet
     link = link_ceiling(cfg)
-    deployment = OfflineDeployment(cfg, device, run_dir)
+    deployment = OfflineDeployment(cfg, device, run_dir, pool=POOL if cfg.run.reuse_engines else None)
     rows = RunRows(cfg, run_dir, run_id, device)
     kv_in_use: dict[str, int | None] = {}
     transfer_held: dict[str, dict | None] = {}
     status, code, error = "ok", 0, None
     timings = {}
+    settled = False  # every pass ended and nothing stayed held: the engines may be kept for the next run
     try:
         print(f"[harness] {run_id}: {len(workload.prompts)} prompts, strategy={cfg.strategy.name}, "
               f"model={cfg.model.name}, device={device}; engine logs in {run_dir}", flush=True)
@@ -62,13 +64,17 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         # every request has finished: a block still held is a leak (a parked request never released)
         # vLLM's pull connector frees the prefill's blocks on a later step (not waited for: reported)
         kv_in_use, transfer_held = deployment.usage()
+        settled = all(v == 0 for v in kv_in_use.values()) and \
+            not any(h and any(h.values()) for h in transfer_held.values())
     except (EngineDied, KeyboardInterrupt) as e:
         status, code, error = ended_early(e, run_dir)
     finally:
-        timings["shutdown_s"] = deployment.stop(grace_s=10 if status == "ok" else 1)
+        timings["shutdown_s"] = deployment.stop(grace_s=10 if status == "ok" else 1, keep=settled)
         rows.close()
 
-    timings["engine_startup_s"] = {n: round(e.startup_s, 2) for n, e in deployment.engines.items()}
+    # what this run paid: nothing for the engines it took from the pool
+    timings["engine_startup_s"] = {n: 0.0 if deployment.reused[n] else round(e.startup_s, 2)
+                                   for n, e in deployment.engines.items()}
     timings["total_s"] = time.monotonic() - t_run
     self_match = rows.self_match
     summary = run_summary(rows.requests, status=status, error=error, run_id=run_id, strategy=cfg.strategy.name,
@@ -76,6 +82,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                           timings=timings, engine_pids={n: e.proc.pid for n, e in deployment.engines.items()},
                           cudagraph_modes={n: e.cudagraph_mode for n, e in deployment.engines.items()},
                           decode_submit=decode_submit(cfg), kv_blocks_in_use=kv_in_use, transfer_held=transfer_held,
+                          engines_reused=dict(deployment.reused), engine_logs=deployment.engine_logs(),
                           **({"link_ceiling_gbps": link} if link is not None else {}),
                           baseline_self_mismatches=self_match.count(False) if self_match else None,
                           baseline_self_match_rate=self_match.count(True) / len(self_match) if self_match else None)

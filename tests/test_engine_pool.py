@@ -1,0 +1,79 @@
+"""Engines kept between the runs of one process (harness/offline/engine_pool.py, run.reuse_engines):
+which configurations share engines, and with real engines that a run on kept engines gives what
+a run on fresh ones gives, writes its records in its own directory, and that nothing is left
+once the pool closes."""
+
+import os
+
+import psutil
+import pytest
+
+from harness.offline.deployment import OfflineDeployment
+from harness.offline.engine_pool import POOL
+from tests.conftest import compose_config, run_harness
+
+
+def keys(tmp_path, name: str, *overrides: str) -> dict[str, str]:
+    return OfflineDeployment(compose_config("device=cpu", *overrides), "cpu", tmp_path / name).keys
+
+
+def test_engines_are_shared_by_runs_whose_engines_are_configured_the_same(tmp_path):
+    first = keys(tmp_path, "a")
+    assert keys(tmp_path, "b") == first  # another run directory: its records are named per request
+    assert keys(tmp_path, "c", "workload.prompt_len=300", "workload=synthetic", "sampling.max_tokens=3") == first
+    corrupt = keys(tmp_path, "d", "check.corrupt=true")  # the connector's configuration: a fresh pair
+    assert corrupt["baseline"] == first["baseline"] and corrupt["disagg"] != first["disagg"]
+    other = keys(tmp_path, "e", "engine.block_size=64")  # every engine's
+    assert other["baseline"] != first["baseline"] and other["disagg"] != first["disagg"]
+    assert keys(tmp_path, "f", "strategy=layerwise")["disagg"] != first["disagg"]
+
+
+def measured(records: list[dict]) -> dict[int, dict]:
+    """A run's transfer records by prompt index (transfer id <run tag>-<index>; the warm-up's -1 left out)."""
+    return {int(r["transfer_id"].split("-", 1)[1]): r for r in records if not r["transfer_id"].endswith("--1")}
+
+
+def outputs_and_digests(run) -> tuple[list, list]:
+    rows = sorted(run.jsonl("requests.jsonl"), key=lambda r: r["prompt_idx"])
+    sent = measured(run.jsonl("prefill-transfers.jsonl"))
+    return [r["token_ids"] for r in rows], [sent[r["prompt_idx"]]["digests"] for r in rows]
+
+
+def dead(pid: int) -> bool:
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+@pytest.mark.engine
+def test_a_run_on_kept_engines_gives_what_a_fresh_one_gives_and_nothing_is_left_once_the_pool_closes(results_dir):
+    POOL.close()  # from nothing: what earlier tests kept is not this test's
+    shm_before = set(os.listdir("/dev/shm"))
+    overrides = ("strategy=fused", "workload=synthetic", "workload.prompt_len=70", "workload.num_prompts=6",
+                 "sampling.max_tokens=8")
+    first = run_harness(results_dir / "pool-first", *overrides)
+    second = run_harness(results_dir / "pool-second", *overrides)
+    for run in (first, second):
+        assert run.code == 0, run.stderr[-3000:]
+        assert run.summary["match_rate"] == 1.0 and run.summary["digest_failures"] == 0
+    assert set(first.summary["engines_reused"].values()) == {False}
+    assert set(second.summary["engines_reused"].values()) == {True}
+    assert second.summary["engine_pids"] == first.summary["engine_pids"]
+    assert set(second.summary["timings"]["engine_startup_s"].values()) == {0.0}
+    assert second.summary["engine_logs"]["decode"] == str(first.run_dir / "decode.log")
+    # the same outputs and the same KV (the prefix cache was emptied: every block sent again)
+    assert outputs_and_digests(second) == outputs_and_digests(first)
+    # each run's records in its own directory (one run tag in each), whoever started the engines
+    for run in (first, second):
+        for name in ("prefill-transfers.jsonl", "decode-transfers.jsonl", "decode-transfers.compute.jsonl"):
+            records = run.jsonl(name)
+            assert len(measured(records)) == 6 and len({r["transfer_id"].split("-")[0] for r in records}) == 1
+    assert not (second.run_dir / "decode.log").exists()
+
+    cold = run_harness(results_dir / "pool-cold", *overrides, "run.reuse_engines=false")
+    assert cold.code == 0 and set(cold.summary["engines_reused"].values()) == {False}
+    assert outputs_and_digests(cold) == outputs_and_digests(first)
+    assert all(dead(pid) for pid in cold.summary["engine_pids"].values())  # not kept
+    assert set(first.summary["engine_pids"].values()) <= POOL.pids()
+
+    POOL.close()
+    assert all(dead(pid) for pid in first.summary["engine_pids"].values())
+    assert set(os.listdir("/dev/shm")) - shm_before == set()
