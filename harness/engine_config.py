@@ -96,7 +96,7 @@ def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path | list[Path],
     harness = {"rendezvous": rendezvous, "host": address.rpartition(":")[0] if address else "127.0.0.1",
                "stats_path": str(stats_path),
                "tp": dict(zip(("prefill", "decode"), tp_degrees(cfg))),
-               "verify": bool(cfg.check.digests), "corrupt": bool(cfg.check.corrupt),
+               "verify": bool(cfg.check.digests),
                "checksums": bool(cfg.check.checksums), "timeout_s": float(cfg.run.transfer_timeout_s),
                # the other engine may take this long to start before the channel opens
                "startup_timeout_s": float(cfg.run.startup_timeout_s),

@@ -212,7 +212,7 @@ def test_our_connectors_get_harness_strategy_and_transport_sections(tmp_path):
     assert extra["strategy"] == {"granularity": "block"}
     assert extra["transport"] == {"kind": "gloo", "staging_mb": None, "address": None, "ifname": None}
     assert extra["harness"] == {"rendezvous": str(tmp_path / "port"), "host": "127.0.0.1",
-                                "stats_path": str(tmp_path / "decode.jsonl"), "verify": True, "corrupt": True,
+                                "stats_path": str(tmp_path / "decode.jsonl"), "verify": True,
                                 "checksums": False, "timeout_s": 7.0, "startup_timeout_s": 600.0,
                                 "decode_submit": "early", "fault": None, "tp": {"prefill": 1, "decode": 1}}
     staged = transfer_config(compose_job(["transport.staging_mb=64", "check.digests=false"]), "prefill",

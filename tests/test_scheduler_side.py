@@ -162,6 +162,18 @@ def test_a_request_that_names_its_records_file_has_its_records_go_there():
     assert records.named == ["/runs/2/decode-transfers.jsonl"] and len(records) == 1
 
 
+def test_the_negative_control_is_asked_for_by_the_decode_request():
+    """check.corrupt travels in kv_transfer_params: one engine pair runs real and corrupted passes."""
+    t = RequestTracker(is_producer=False, block_size=BLOCK)
+    plain, damaged = request("a", prompt_len=10), request("b", prompt_len=10, transfer_id="u")
+    damaged.kv_transfer_params["corrupt"] = True
+    for r, blocks in ((plain, [4]), (damaged, [5])):
+        t.matched_tokens(r, 0)
+        t.allocated(r, NS(get_block_ids=lambda b=blocks: (b,)), num_external_tokens=9)
+    loads = t.step_metadata(step(new=[("a", [4], 9), ("b", [5], 9)], scheduled={"a": 1, "b": 1})).loads
+    assert {load.req_id: load.corrupt for load in loads} == {"a": False, "b": True}
+
+
 def test_a_decode_request_that_recomputed_its_prompt_is_counted():
     records = Recorded()
     t = RequestTracker(is_producer=False, block_size=BLOCK, records=records)

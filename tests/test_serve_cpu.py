@@ -60,11 +60,17 @@ def test_pools_pick_round_robin_or_the_least_busy_and_bad_settings_are_refused()
     least.done("http://a")
     assert least.outstanding == {"http://a": 2, "http://b": 2}
     for kwargs, message in [({"policy": "random"}, "unknown policy"), ({"handoff": "teleport"}, "unknown handoff"),
-                            ({"handoff": "pull", "decode_submit": "early"}, "prefill's answer first")]:
+                            ({"handoff": "pull", "decode_submit": "early"}, "prefill's answer first"),
+                            ({"handoff": "pull", "decode_submit": "after_prefill", "corrupt": True}, "push handoff")]:
         with pytest.raises(ValueError, match=message):
             Router(["http://a"], ["http://b"], **kwargs)
     with pytest.raises(ValueError, match="at least one"):
         Router(["http://a"], [])
+    # the negative control travels with each decode request (one engine pair serves both)
+    plain, corrupt = Router(["http://a"], ["http://b"]), Router(["http://a"], ["http://b"], corrupt=True)
+    assert "corrupt" not in plain.decode_body({}, "t", None)["kv_transfer_params"]
+    assert corrupt.decode_body({}, "t", None)["kv_transfer_params"]["corrupt"] is True
+    assert "corrupt" not in corrupt.prefill_body({}, "t")["kv_transfer_params"]
     p = subprocess.run([sys.executable, "-m", "harness.router", "--prefill", "http://a", "--decode", "http://b",
                         "--handoff", "pull", "--decode-submit", "early"], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.startswith("error: a pull handoff")

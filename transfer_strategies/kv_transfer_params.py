@@ -11,14 +11,20 @@ ASYNC_LOAD = "async"  # LOAD of a decode request submitted before its KV exists 
 # beside it), so that engines kept between runs write each run's records into its own directory;
 # absent: the connector's harness.stats_path
 RECORDS = "records"
+# a decode request whose KV its worker damages once received (the negative control, check.corrupt),
+# so that one engine pair serves the real and the corrupted runs
+CORRUPT = "corrupt"
 
 
-def push_params(transfer_id: str, early: bool = False, records: str | None = None) -> dict:
+def push_params(transfer_id: str, early: bool = False, records: str | None = None, corrupt: bool = False) -> dict:
     """kv_transfer_params of a request to a push strategy's engine; early: a decode request sent
-    with the prefill request, parked in vLLM until its KV is in."""
+    with the prefill request, parked in vLLM until its KV is in; corrupt: a decode request whose
+    KV is damaged on arrival (the negative control)."""
     params = {TRANSFER_ID: transfer_id, LOAD: ASYNC_LOAD} if early else {TRANSFER_ID: transfer_id}
     if records is not None:
         params[RECORDS] = records
+    if corrupt:
+        params[CORRUPT] = True
     return params
 
 
@@ -28,6 +34,10 @@ def transfer_id_of(params: dict | None) -> str | None:
 
 def records_of(params: dict | None) -> str | None:
     return (params or {}).get(RECORDS)
+
+
+def corrupts(params: dict | None) -> bool:
+    return bool((params or {}).get(CORRUPT))
 
 
 def loads_async(params: dict | None) -> bool:

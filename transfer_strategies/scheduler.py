@@ -66,6 +66,7 @@ class TransferRequest:
     received: list = field(default_factory=list)  # the transport's Messages
     fault: str | None = None  # prefill: the transport fault a scenario injects into this transfer (faults.py)
     records: str | None = None  # the file its records go to (kv_transfer_params' records; None: the default)
+    corrupt: bool = False  # decode: damaged once received (the negative control: kv_transfer_params' corrupt)
 
     @property
     def written_block_ids(self) -> list[int]:
@@ -152,7 +153,8 @@ class RequestTracker:
         block_ids = list(single_group(blocks.get_block_ids()))[: blocks_for(n_tok, self.block_size)]
         skip = self._local_hits.pop(request.request_id, 0) // self.block_size
         req = TransferRequest(tid, request.request_id, block_ids, n_tok, skip, t_admitted=now,
-                              records=records_of(request))
+                              records=records_of(request),
+                              corrupt=kv_transfer_params.corrupts(request.kv_transfer_params))
         if not loads_async(request):
             self._next.loads.append(req)
         elif num_external_tokens > 0:  # vLLM parks it only then

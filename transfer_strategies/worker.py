@@ -35,14 +35,13 @@ LAYOUT_ID = "__layout__"
 
 class TransferWorker:
     def __init__(self, strategy: str, is_producer: bool, harness: dict, transport: dict):
-        """harness: what the harness sets (rendezvous, host, stats_path, verify, corrupt,
+        """harness: what the harness sets (rendezvous, host, stats_path, verify,
         timeout_s, checksums, fault); transport: the channel's settings (kind, staging_mb, ...)."""
         self.strategy = strategy
         self.is_producer = is_producer
         self.harness = harness
         self.transport = transport
         self.verify = bool(harness.get("verify", True))
-        self.corrupt = bool(harness.get("corrupt", False))
         self.records = RecordQueue()
         self.writers: RecordWriters | None = None  # made in register, when this worker's rank is known
         self.kv: KVBlocks | None = None
@@ -225,7 +224,7 @@ class TransferWorker:
         self._record(req, "receive", error=reason, t_admitted=req.t_admitted)
 
     def end_receive(self, req: TransferRequest) -> None:
-        if self.corrupt:
+        if req.corrupt:
             corrupt_received(self.kv, req)
         self._sync()
         t_end = time.monotonic()

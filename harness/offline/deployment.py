@@ -52,16 +52,19 @@ def sampling_params(cfg: DictConfig, max_tokens: int, kv_transfer_params: dict |
 
 
 def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_result: dict | None,
-                   early: bool = False, records: Path | None = None) -> dict:
+                   early: bool = False, records: Path | None = None, corrupt: bool = False) -> dict:
     """kv_transfer_params of a request to the prefill or decode engine.
     push (this project's strategies): both requests carry one transfer id; the prefill worker
       sends, the decode worker takes the message with that id. A decode request submitted early
       (with the prefill request) asks to be parked until its KV is in ("load": "async"). Each
-      names the file its engine's records go to (records: this run's, engines may be kept).
+      names the file its engine's records go to (records: this run's, engines may be kept); a
+      decode request of the negative control asks for its KV to be damaged on arrival (corrupt).
     pull (vLLM's NixlConnector): the prefill request asks the engine to keep the KV for a remote
       decode; the engine answers where it is, and the decode request carries that answer."""
     if not pulls(strategy):
-        return push_params(transfer_id, early=stage == "decode" and early, records=str(records) if records else None)
+        decode = stage == "decode"
+        return push_params(transfer_id, early=decode and early, records=str(records) if records else None,
+                           corrupt=decode and corrupt)
     if stage == "prefill":
         return {"do_remote_decode": True}
     params = (prefill_result or {}).get("kv_transfer_params")
@@ -184,7 +187,8 @@ class OfflineDeployment:
         prefill = (self.engines["prefill"],
                    lambda p, r: sampling_params(cfg, 1, handoff_params(s, "prefill", tid(p), None, records=sends)))
         decode = (self.engines["decode"], lambda p, r: sampling_params(
-            cfg, cfg.sampling.max_tokens, handoff_params(s, "decode", tid(p), r[0], early, records=receives)))
+            cfg, cfg.sampling.max_tokens,
+            handoff_params(s, "decode", tid(p), r[0], early, records=receives, corrupt=cfg.check.corrupt)))
         stages = [[prefill, decode]] if early else [[prefill], [decode]]
         pipeline(stages, workload, cfg.run.request_timeout_s, on_finish, phase=phase, aborts=aborts)
 

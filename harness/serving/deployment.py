@@ -77,7 +77,8 @@ class ServingDeployment:
                    # the client holds requests to run.request_timeout_s; the router only drops upstreams
                    # that hang (the warm-up's first use may take as long as a start-up)
                    "--policy", s.policy, "--timeout-s", str(hang_s),
-                   *(["--stream-prefill-token"] if s.stream_prefill_token else [])]
+                   *(["--stream-prefill-token"] if s.stream_prefill_token else []),
+                   *(["--corrupt"] if cfg.check.corrupt else [])]
         self.servers["baseline_router"] = router_process(
             "baseline_router", [], [self.servers[b].url for b in self.baseline_names], run_dir / "baseline_router.log",
             "--policy", s.policy, "--timeout-s", str(hang_s))

@@ -103,7 +103,8 @@ class Pool:
 
 class Router:
     def __init__(self, prefill: list[str], decode: list[str], policy: str = "round_robin", handoff: str = "push",
-                 decode_submit: str = "early", timeout_s: float = 600.0, stream_prefill_token: bool = False):
+                 decode_submit: str = "early", timeout_s: float = 600.0, stream_prefill_token: bool = False,
+                 corrupt: bool = False):
         if handoff not in ("push", "pull"):
             raise ValueError(f"unknown handoff {handoff!r}: push or pull")
         if decode_submit not in ("early", "after_prefill"):
@@ -114,6 +115,9 @@ class Router:
         self.decode = Pool(decode, policy)
         self.handoff, self.decode_submit = handoff, decode_submit
         self.stream_prefill_token = stream_prefill_token
+        self.corrupt = corrupt  # the negative control: every decode request asks for its KV damaged
+        if corrupt and handoff == "pull":
+            raise ValueError("--corrupt damages the KV this project's connectors move: a push handoff")
         # no progress (connecting, or between two reads) for timeout_s: a stream may last longer
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
         self.session: aiohttp.ClientSession | None = None
@@ -132,7 +136,7 @@ class Router:
             if not params:
                 raise web.HTTPBadGateway(text="the prefill instance returned no kv_transfer_params")
         else:
-            params = push_params(transfer_id, early=self.decode_submit == "early")
+            params = push_params(transfer_id, early=self.decode_submit == "early", corrupt=self.corrupt)
         return {**body, "kv_transfer_params": params}
 
     async def _prefill(self, url: str, path: str, body: dict) -> dict:
@@ -312,6 +316,8 @@ def argument_parser() -> argparse.ArgumentParser:
                     help="an upstream instance that makes no progress for this long fails the request")
     ap.add_argument("--stream-prefill-token", action="store_true",
                     help="stream the prefill instance's token at once (the decode instance's duplicate is dropped)")
+    ap.add_argument("--corrupt", action="store_true",
+                    help="the negative control: every decode instance damages the KV it receives (digests must fail)")
     return ap
 
 
@@ -320,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     submit = args.decode_submit or ("early" if args.handoff == "push" else "after_prefill")
     try:
         router = Router(args.prefill, args.decode, args.policy, args.handoff, submit, args.timeout_s,
-                        args.stream_prefill_token)
+                        args.stream_prefill_token, args.corrupt)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
