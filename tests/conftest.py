@@ -1,6 +1,9 @@
-"""Shared helpers: run the real harness (`python -m harness`) as a user would, in a subprocess;
-or, for configurations it must refuse before any engine starts, its run in this process
-(`refused_in_process`: no interpreter, Hydra and vLLM import per case).
+"""Shared helpers: run the real harness on the configuration `python -m harness <overrides>`
+composes: in this process (`run_harness`, the offline runner: engines an earlier run of the
+session kept are reused where their configuration is the same, harness/offline/engine_pool.py;
+no interpreter, Hydra and vLLM import per run), or in a subprocess as a user would (the serving
+runner, a run that needs its own environment, the command line's contract); configurations it
+must refuse before any engine starts: `refused_in_process`.
 
 Engine start-up dominates test time, so each harness run is a module-scoped fixture whose
 results several tests read.
@@ -25,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 ROOT = Path(__file__).resolve().parent.parent
 OmegaConf.register_new_resolver("project_root", lambda: str(ROOT), replace=True)  # as harness/__main__.py does
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # as harness/__main__.py does (the engines inherit it)
 
 
 @dataclass
@@ -44,8 +48,15 @@ class HarnessRun:
 
 
 def run_harness(run_dir: Path, *overrides: str, timeout: float = 900, env: dict | None = None,
-                device: str = "cpu") -> HarnessRun:
+                device: str = "cpu", subprocess_only: bool = False) -> HarnessRun:
+    """`python -m harness hydra.run.dir=<run_dir> device=<device> <overrides>`: in this process for
+    the offline runner (the session's engines reused where they can be), else, or with an `env`
+    of its own or subprocess_only, in a subprocess (timeout: its limit)."""
     shutil.rmtree(run_dir, ignore_errors=True)  # records append: start each test run from nothing
+    if env is None and not subprocess_only:
+        cfg = compose_config(f"device={device}", *overrides)
+        if cfg.runner.name == "offline":
+            return run_in_process(cfg, run_dir)
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}", f"device={device}", *overrides]
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
@@ -56,6 +67,16 @@ def compose_config(*overrides: str) -> DictConfig:
     """The configuration `python -m harness <overrides>` runs with (Hydra's compose API)."""
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
+
+
+def run_in_process(cfg: DictConfig, run_dir: Path) -> HarnessRun:
+    """harness/offline/run.py's run on a composed config, its stdout and stderr captured."""
+    from harness.offline.run import run
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = run(cfg, run_dir)
+    return HarnessRun(code, out.getvalue(), err.getvalue(), run_dir)
 
 
 def refused_in_process(run_dir: Path, *overrides: str, device: str = "cpu") -> HarnessRun:

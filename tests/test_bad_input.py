@@ -156,14 +156,14 @@ def test_settings_that_moved_or_do_not_apply(tmp_path, overrides, words):
 
 
 def test_an_unknown_group_choice_is_hydras_exit_1(tmp_path):
-    run = run_harness(tmp_path / "r", "transport=nope")
+    run = run_harness(tmp_path / "r", "transport=nope", subprocess_only=True)
     assert run.code == 1 and "Could not find 'transport/nope'" in run.stderr and "staged" in run.stderr
     assert not (tmp_path / "r" / "summary.json").exists()
 
 
 # ---------------------------------------------------------------- the command line's contract, in a process each
 def test_bad_input_on_the_command_line_is_exit_2_and_one_line(tmp_path):
-    run = run_harness(tmp_path / "r", "sampling.max_tokens=0")
+    run = run_harness(tmp_path / "r", "sampling.max_tokens=0", subprocess_only=True)
     assert_bad_input(run, "sampling.max_tokens")
     assert json.loads((run.run_dir / "summary.json").read_text())["error"].startswith("sampling.max_tokens")
 

@@ -21,8 +21,10 @@ def test_engines_are_shared_by_runs_whose_engines_are_configured_the_same(tmp_pa
     first = keys(tmp_path, "a")
     assert keys(tmp_path, "b") == first  # another run directory: its records are named per request
     assert keys(tmp_path, "c", "workload.prompt_len=300", "workload=synthetic", "sampling.max_tokens=3") == first
-    corrupt = keys(tmp_path, "d", "check.corrupt=true")  # the connector's configuration: a fresh pair
-    assert corrupt["baseline"] == first["baseline"] and corrupt["disagg"] != first["disagg"]
+    # the negative control travels with each decode request (kv_transfer_params' corrupt): the same engines
+    assert keys(tmp_path, "d", "check.corrupt=true") == first
+    checksums = keys(tmp_path, "g", "check.checksums=true")  # the connector's configuration: a fresh pair
+    assert checksums["baseline"] == first["baseline"] and checksums["disagg"] != first["disagg"]
     other = keys(tmp_path, "e", "engine.block_size=64")  # every engine's
     assert other["baseline"] != first["baseline"] and other["disagg"] != first["disagg"]
     assert keys(tmp_path, "f", "strategy=layerwise")["disagg"] != first["disagg"]

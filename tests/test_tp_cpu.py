@@ -14,6 +14,7 @@ import os
 
 import pytest
 
+from harness.offline.engine_pool import POOL
 from tests.conftest import FULL, ROOT, cells, run_harness
 from tests.test_e2e_cpu import edge_prompts, harness_on_edge_prompts
 from tests.test_scenarios_cpu import check_faults_caught
@@ -46,10 +47,12 @@ KEPT = {("fused", 1, 2), ("per_request_blocks", 2, 1), ("layerwise", 2, 2)}
                                              ids=lambda c: f"{c[0]}-{c[1]}to{c[2]}"))
 def tp_run(request, results_dir, tmp_path_factory):
     strategy, p, d = request.param
+    POOL.close()  # what earlier runs kept is not this run's
     shm_before = set(os.listdir("/dev/shm"))
     run = harness_on_edge_prompts(results_dir, tmp_path_factory, f"tp-{strategy}-{p}to{d}", f"strategy={strategy}",
                                   *tp_overrides(p, d))
     run.degrees = (p, d)
+    POOL.close()  # the engines this run kept for the next one: what they leave is the run's
     run.shm_left = set(os.listdir("/dev/shm")) - shm_before
     return run
 
@@ -128,6 +131,7 @@ def test_the_negative_control_is_caught_on_every_decode_worker(p, d, results_dir
     ("truncate", "fused", 2, 1), ("flip", "fused", 1, 2), ("drop", "layerwise", 2, 2)])
 @FULL  # each fault scenario at TP 1 and each degree pair are in make test
 def test_transport_faults_are_caught_on_every_worker(kind, strategy, p, d, results_dir):
+    POOL.close()
     shm_before = set(os.listdir("/dev/shm"))
     # six processes on two cores: a prefill forward can take seconds, and an undamaged transfer
     # must not miss the drop scenario's 5 s wait (seen once in a fresh-clone run: a correct one missed it)
@@ -136,4 +140,5 @@ def test_transport_faults_are_caught_on_every_worker(kind, strategy, p, d, resul
                       f"strategy={strategy}", *tp_overrides(p, d), *wait)
     check_faults_caught(run, kind)
     assert not any(any(h.values()) for h in run.summary["transfer_held"].values())
+    POOL.close()
     assert set(os.listdir("/dev/shm")) - shm_before == set()
