@@ -228,6 +228,8 @@ class RequestTracker:
 
     def finished(self, request) -> None:
         self._sends.pop(request.request_id, None)
+        # asked about (matched_tokens) but never allocated: vLLM had no room, then it was aborted
+        self._local_hits.pop(request.request_id, None)
         account = self._computed.pop(request.request_id, None)
         writer = self.records.get(records_of(request)) if account is not None else None
         if writer is not None:
