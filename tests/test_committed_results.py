@@ -36,7 +36,10 @@ def bench_dirs() -> list[Path]:
 def test_every_committed_run_directory_loads():
     runs = load_runs(*COMMITTED)
     assert len(runs) == len(run_dirs()) >= 30
-    assert set(runs["status"]) == {"ok"} and (runs["strategy"] == runs["strategy.name"]).all()
+    # every committed run passed; a negative control's passes by failing (session16/sweep-corrupt)
+    corrupt = runs.get("check.corrupt", pd.Series(False, index=runs.index)).fillna(False).astype(bool)
+    assert set(runs["status"][~corrupt]) == {"ok"} and set(runs["status"][corrupt]) <= {"mismatch"}
+    assert (runs["strategy"] == runs["strategy.name"]).all()
     assert runs["git_sha"].str.fullmatch("[0-9a-f]{40}(-dirty)?").all()
     # only results written before the records were versioned have a meta.json written afterwards
     # (version-1 runs of the old code made later, for an A/B, have their own)
@@ -60,6 +63,9 @@ def test_requests_load_with_their_key_columns(run):
     assert set(KEY_COLUMNS) <= set(df.columns)
     if df.get("scenario.name", pd.Series("none", index=df.index)).fillna("none").ne("none").any():
         return check_scenario_rows(run, df)
+    if df.get("check.corrupt", pd.Series(False, index=df.index)).fillna(False).astype(bool).all():
+        assert not df["digest_match"].any()  # the negative control: every transfer's damage caught
+        return
     assert not df[["strategy", "prompt_len", "ttft_ms", "transfer_ms", "bytes", "strategy.name"]].isna().any().any()
     # committed runs passed: every output equal to the baseline's, or at a near tie (bf16, from version 6)
     assert (df["match"] | (df["near_tie"] == True if "near_tie" in df else False)).all()  # noqa: E712 - NaN is not True
