@@ -1,7 +1,7 @@
 # make demo : set up .venv and run the harness on the default config (fused, tiny-llama, smoke prompts)
 # make test : set up .venv, lint, and run one instance of every kind of proof (real vLLM engines on CPU; tests/TIERS.md)
 # make test-full : the same and every further cell of each matrix (tests marked full)
-# make test-fast : the tests that start no engine (seconds)
+# make test-fast : the tests that start no engine and take under a few seconds each (about 2 min on the 2-core machine)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin

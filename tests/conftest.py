@@ -106,6 +106,10 @@ def refused_in_process(run_dir: Path, *overrides: str, device: str = "cpu") -> H
 
 
 FULL = pytest.mark.full  # make test-full only (tests/TIERS.md says what make test keeps of each matrix)
+# seconds each without an engine (processes over gloo's TCP, Triton's interpreter, a subprocess that
+# imports vLLM): make test runs them, make test-fast leaves them out
+SLOW = pytest.mark.slow
+TRANSPORT_KINDS = ["staged", pytest.param("gloo", marks=SLOW)]  # gloo's TCP rendezvous takes seconds per test
 
 
 def cells(values, kept, ids=None) -> list:

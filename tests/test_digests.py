@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from tests.conftest import SLOW
 from tests.test_kv_blocks import NUM_BLOCKS, make_kv
 from transfer_strategies.digests import BlockDigests as HeadDigests
 from transfer_strategies.kv_blocks import KVBlocks
@@ -110,6 +111,7 @@ print("same digests")
 """
 
 
+@SLOW  # about 11 s in Triton's interpreter
 def test_the_cuda_kernel_gives_the_torch_digests():
     """digest_kernel.py (CUDA's path) run by Triton's interpreter on CPU: the same digests as the
     torch path, for runs and scattered ids, words not a multiple of its chunk, and large values.

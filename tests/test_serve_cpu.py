@@ -27,7 +27,7 @@ from harness.results import load_requests, load_runs
 from harness.serving.instances import serve_command
 from harness.serving.load import TIMED_OUT, LoadSpec, arrival_schedule
 from harness.serving.router import Pool, Router
-from tests.conftest import FULL, refused_in_process, run_harness
+from tests.conftest import FULL, SLOW, refused_in_process, run_harness
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -261,6 +261,7 @@ def test_the_router_benchmark_runs_as_the_readme_shows(results_dir):
     assert all(pair["router_ttft_ms"] > 0 and pair["direct_ttft_ms"] > 0 for pair in result["pairs"])
 
 
+@SLOW  # a subprocess that imports vLLM: about 14 s
 def test_the_crosscheck_benchmark_refuses_bad_input_before_starting_anything(results_dir):
     out = results_dir / "bench-crosscheck-bad"
     shutil.rmtree(out, ignore_errors=True)

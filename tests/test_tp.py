@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from tests.conftest import SLOW
 from transfer_strategies.digests import BlockDigests
 from transfer_strategies.head_shards import HeadJoinReceiver, ShardedSender
 from transfer_strategies.kv_blocks import KVBlocks
@@ -156,6 +157,7 @@ def _receiver(paths, out, kind, p, d, rank):
     os._exit(0)
 
 
+@SLOW  # 3-8 s a cell with staged buffers (a process per worker), 9-21 s with gloo
 @pytest.mark.parametrize("kind", ["staged", "gloo"])
 @pytest.mark.parametrize(("p", "d"), [(1, 2), (2, 1), (4, 2)])
 def test_kv_is_cut_by_heads_and_joined_between_degrees(p, d, kind, tmp_path):

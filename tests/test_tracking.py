@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from harness.tracking import NoTracking, WandbTracking, make_tracker
+from tests.conftest import SLOW
 
 ROOT = Path(__file__).resolve().parent.parent
 OmegaConf.register_new_resolver("project_root", lambda: str(ROOT), replace=True)
@@ -33,6 +34,7 @@ def test_a_tracking_config_names_a_class_that_takes_its_keys():
     assert {k for k in cfg.tracking if k != "_target_"} <= takes
 
 
+@SLOW  # wandb's offline run: about 4 s
 def test_wandb_offline_run_has_summary_and_table(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_SILENT", "true")

@@ -6,6 +6,7 @@ import os
 import pytest
 import torch
 
+from tests.conftest import TRANSPORT_KINDS
 from transfer_strategies.transport import open_channel, remove_leftovers
 
 MiB = 2**20
@@ -71,7 +72,7 @@ def _receive_all(rendezvous, out, kind, sizes, devices=("cpu", "cpu")):
     os._exit(0)  # like the engines: no teardown race with gloo's threads while the peer exits
 
 
-@pytest.mark.parametrize("kind", ["staged", "gloo"])
+@pytest.mark.parametrize("kind", TRANSPORT_KINDS)
 def test_messages_arrive_whole_and_in_place(kind, tmp_path):
     check_messages_arrive(tmp_path, kind)
 
@@ -200,7 +201,7 @@ def _fan_receiver(rendezvous, out, kind, done):
     os._exit(0)
 
 
-@pytest.mark.parametrize("kind", ["staged", "gloo"])
+@pytest.mark.parametrize("kind", TRANSPORT_KINDS)
 def test_a_decode_worker_takes_kv_from_two_prefill_workers(kind, tmp_path):
     ctx = mp.get_context("spawn")
     paths, out, done = [str(tmp_path / f"port{k}") for k in (0, 1)], ctx.Queue(), ctx.Event()
@@ -257,7 +258,7 @@ def _unwaited_receiver(rendezvous, out, kind):
     os._exit(0)
 
 
-@pytest.mark.parametrize("kind", ["staged", "gloo"])
+@pytest.mark.parametrize("kind", TRANSPORT_KINDS)
 def test_a_transfer_nothing_waits_for_is_taken_by_the_receiver_thread_when_it_comes(kind, tmp_path):
     """A decode request whose blocks were all in the decode engine's prefix cache: its KV still
     comes, and must be checked and its staging space freed though no engine step may follow."""
