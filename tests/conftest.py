@@ -51,11 +51,14 @@ def run_harness(run_dir: Path, *overrides: str, timeout: float = 900, env: dict 
                 device: str = "cpu", subprocess_only: bool = False) -> HarnessRun:
     """`python -m harness hydra.run.dir=<run_dir> device=<device> <overrides>`: in this process for
     the offline runner (the session's engines reused where they can be), else, or with an `env`
-    of its own or subprocess_only, in a subprocess (timeout: its limit)."""
+    of its own, a value only Hydra's runtime resolves, or subprocess_only, in a subprocess
+    (timeout: its limit)."""
     shutil.rmtree(run_dir, ignore_errors=True)  # records append: start each test run from nothing
     if env is None and not subprocess_only:
         cfg = compose_config(f"device={device}", *overrides)
-        if cfg.runner.name == "offline":
+        # a value Hydra's runtime resolves (vllm_example's ${hydra:runtime.output_dir}) exists
+        # only in a run from the command line
+        if cfg.runner.name == "offline" and "${hydra:" not in OmegaConf.to_yaml(cfg):
             return run_in_process(cfg, run_dir)
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}", f"device={device}", *overrides]
