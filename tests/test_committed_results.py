@@ -33,11 +33,16 @@ def bench_dirs() -> list[Path]:
     return sorted(p.parent for d in COMMITTED for p in d.rglob("rows.csv") if find_runs(p.parent))
 
 
+def corrupted(df: pd.DataFrame) -> pd.Series:
+    """Rows of a negative control (check.corrupt): they pass by failing."""
+    return df.get("check.corrupt", pd.Series(False, index=df.index)).fillna(False).astype(bool)
+
+
 def test_every_committed_run_directory_loads():
     runs = load_runs(*COMMITTED)
     assert len(runs) == len(run_dirs()) >= 30
     # every committed run passed; a negative control's passes by failing (session16/sweep-corrupt)
-    corrupt = runs.get("check.corrupt", pd.Series(False, index=runs.index)).fillna(False).astype(bool)
+    corrupt = corrupted(runs)
     assert set(runs["status"][~corrupt]) == {"ok"} and set(runs["status"][corrupt]) <= {"mismatch"}
     assert (runs["strategy"] == runs["strategy.name"]).all()
     assert runs["git_sha"].str.fullmatch("[0-9a-f]{40}(-dirty)?").all()
@@ -63,7 +68,7 @@ def test_requests_load_with_their_key_columns(run):
     assert set(KEY_COLUMNS) <= set(df.columns)
     if df.get("scenario.name", pd.Series("none", index=df.index)).fillna("none").ne("none").any():
         return check_scenario_rows(run, df)
-    if df.get("check.corrupt", pd.Series(False, index=df.index)).fillna(False).astype(bool).all():
+    if corrupted(df).all():
         assert not df["digest_match"].any()  # the negative control: every transfer's damage caught
         return
     assert not df[["strategy", "prompt_len", "ttft_ms", "transfer_ms", "bytes", "strategy.name"]].isna().any().any()
