@@ -90,6 +90,10 @@ def check_settings(cfg: DictConfig) -> None:
     warmup = cfg.run.warmup_requests
     if not isinstance(warmup, int) or warmup < 0:
         raise ConfigError(f"run.warmup_requests must be an integer >= 0, got {warmup!r}")
+    keep = cfg.run.keep_engine_sets
+    if not isinstance(keep, int) or isinstance(keep, bool) or keep < 1:
+        raise ConfigError(f"run.keep_engine_sets must be an integer >= 1 (sets of engines kept alive for later "
+                          f"runs; run.reuse_engines=false keeps none), got {keep!r}")
     if not cfg.engine.kv_cache_gib > 0:
         raise ConfigError(f"engine.kv_cache_gib must be > 0, got {cfg.engine.kv_cache_gib!r}")
     staging_mb = cfg.transport.get("staging_mb")

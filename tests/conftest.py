@@ -55,7 +55,9 @@ def run_harness(run_dir: Path, *overrides: str, timeout: float = 900, env: dict 
     (timeout: its limit)."""
     shutil.rmtree(run_dir, ignore_errors=True)  # records append: start each test run from nothing
     if env is None and not subprocess_only:
-        cfg = compose_config(f"device={device}", *overrides)
+        # the session's runs alternate between a few configurations (the edge prompts' baseline, the
+        # scenarios', full_cache's smaller cache): two sets of each kind kept alive, not one
+        cfg = compose_config(f"device={device}", "run.keep_engine_sets=2", *overrides)
         # a value Hydra's runtime resolves (vllm_example's ${hydra:runtime.output_dir}) exists
         # only in a run from the command line
         if cfg.runner.name == "offline" and "${hydra:" not in OmegaConf.to_yaml(cfg):

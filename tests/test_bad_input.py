@@ -137,6 +137,7 @@ def test_vllm_example_with_a_prompt_under_one_block(tmp_path):
     (["strategy=vllm_nixl", "run.decode_submit=early"], ["run.decode_submit=early", "after_prefill"]),
     (["run.decode_submit=later"], ["run.decode_submit must be early, after_prefill or null", "'later'"]),
     (["run.kv_load_failure_policy=retry"], ["run.kv_load_failure_policy must be fail, recompute or null"]),
+    (["run.keep_engine_sets=0"], ["run.keep_engine_sets must be an integer >= 1", "got 0"]),
     (["scenario=fault_drop", "scenario.fault.kind=lose"], ["scenario.fault.kind must be one of", "'lose'"]),
     (["scenario=fault_drop", "scenario.fault.every=0"], ["scenario.fault.every must be an integer >= 1"]),
     (["scenario=fault_drop", "strategy=vllm_nixl"], ["scenario.fault is injected by this project's connectors"]),

@@ -70,7 +70,7 @@ def harness_on_edge_prompts(results_dir, tmp_path_factory, name: str, *overrides
     block = 64 if "engine.block_size=64" in overrides else BLOCK
     prompts = write_token_prompts(tmp_path_factory.mktemp(name) / "prompts.jsonl", edge_prompts(block))
     return run_harness(results_dir / f"e2e-{name}", "workload=jsonl", f"workload.path={prompts}",
-                       "workload.concurrency=3", "engine.max_model_len=512", "sampling.max_tokens=8", *overrides,
+                       "workload.concurrency=3", "sampling.max_tokens=8", *overrides,
                        env=env, device=device)
 
 

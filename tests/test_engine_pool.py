@@ -9,7 +9,7 @@ import psutil
 import pytest
 
 from harness.offline.deployment import OfflineDeployment
-from harness.offline.engine_pool import POOL
+from harness.offline.engine_pool import POOL, EnginePool
 from tests.conftest import compose_config, run_harness
 
 
@@ -28,6 +28,45 @@ def test_engines_are_shared_by_runs_whose_engines_are_configured_the_same(tmp_pa
     other = keys(tmp_path, "e", "engine.block_size=64")  # every engine's
     assert other["baseline"] != first["baseline"] and other["disagg"] != first["disagg"]
     assert keys(tmp_path, "f", "strategy=layerwise")["disagg"] != first["disagg"]
+
+
+class StubEngine:
+    """What the pool asks of an engine: is its process alive, and stop it."""
+
+    def __init__(self, name: str):
+        self.name, self.stopped = name, False
+        self.proc = self
+
+    def is_alive(self) -> bool:
+        return not self.stopped
+
+    def stop(self, grace_s: float = 0) -> None:
+        self.stopped = True
+
+
+def test_the_pool_keeps_the_sets_used_most_recently_up_to_its_capacity():
+    pool, engines = EnginePool(), {k: StubEngine(k) for k in "abc"}
+
+    def run(key: str, capacity: int) -> bool:
+        """A run's use of the baseline slot: taken, or started fresh; handed back at its end."""
+        kept = pool.take("baseline", key, capacity)
+        if kept is None:
+            engines[key] = StubEngine(key)
+        pool.keep("baseline", key, [engines[key]], lambda: None, capacity)
+        return kept is not None
+
+    assert [run(k, 2) for k in "abab"] == [False, False, True, True]  # two configurations alternating: both kept
+    first_b = engines["b"]
+    assert run("c", 2) is False and engines["a"].stopped and not first_b.stopped  # a was used least recently
+    assert run("b", 2) is True and engines["b"] is first_b
+    # capacity 1: whatever is kept is stopped before a fresh set starts (no more engines alive than a run starts)
+    assert run("a", 1) is False and first_b.stopped and engines["c"].stopped
+    assert {e.name for e in pool._kept["baseline"][0].engines} == {"a"}
+    dead_a = engines["a"]
+    dead_a.stopped = True  # died while kept: not taken, started fresh
+    assert run("a", 1) is False and engines["a"] is not dead_a
+    pool.close()
+    assert engines["a"].stopped and pool.pids() == set()
 
 
 def measured(records: list[dict]) -> dict[int, dict]:

@@ -15,8 +15,7 @@ BLOCK, ANSWER = 32, 8
 @pytest.fixture(scope="module")
 def conversation_run(results_dir):
     return run_harness(results_dir / "e2e-multiturn", "strategy=fused", "workload=multiturn",
-                       "workload.num_conversations=2", "workload.turns=3", f"sampling.max_tokens={ANSWER}",
-                       "engine.max_model_len=512")
+                       "workload.num_conversations=2", "workload.turns=3", f"sampling.max_tokens={ANSWER}")
 
 
 def test_every_turn_matches_the_baseline_with_its_kv_intact(conversation_run):

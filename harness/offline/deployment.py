@@ -132,7 +132,7 @@ class OfflineDeployment:
         return [self.engines[n] for slot in fresh for n in SLOTS[slot]]
 
     def _take(self, slot: str) -> bool:
-        kept = self.pool.take(slot, self.keys[slot]) if self.pool is not None else None
+        kept = self.pool.take(slot, self.keys[slot], self.cfg.run.keep_engine_sets) if self.pool is not None else None
         if kept is None:
             return False
         if not all([e.reset_prefix_cache() for e in kept.engines]):  # noqa: C419 - each one emptied
@@ -212,7 +212,7 @@ class OfflineDeployment:
         for slot, names in SLOTS.items():
             engines = [self.engines[n] for n in names if n in self.engines]
             if keep and len(engines) == len(names) and all(e.proc.is_alive() for e in engines):
-                self.pool.keep(slot, self.keys[slot], engines, self.cleanups[slot])
+                self.pool.keep(slot, self.keys[slot], engines, self.cleanups[slot], self.cfg.run.keep_engine_sets)
                 continue
             try:
                 for e in engines:

@@ -4,8 +4,11 @@ multirun with the basic launcher, a bench script's runs, a test session's.
 A set of engines (the baseline; or the prefill and decode engines with the KV channel between
 them) is taken by the next run whose set has the same key: every vLLM argument, the environment
 and the GPU of each engine, the connector's configuration included, save the paths that name the
-run that started it (`engine_key`). Anything else starts fresh: the set kept in that slot is
-stopped first, so no more engines are alive than one run starts. A run hands its sets back only
+run that started it (`engine_key`). Anything else starts fresh. How many sets of each slot stay
+alive is run.keep_engine_sets (default 1): before a fresh set starts, the sets of its slot used
+least recently are stopped until it fits, so with 1 no more engines are alive than one run starts
+(what a GPU's memory allows), and with 2 runs that alternate between two configurations (a test
+session) keep both. A run hands its sets back only
 when it ended normally with nothing held (offline/run.py); the rest are stopped as before. What
 is kept is stopped at exit (atexit; the engines also die with this process: PR_SET_PDEATHSIG).
 
@@ -61,34 +64,42 @@ class KeptEngines:
 
 class EnginePool:
     def __init__(self):
-        self._kept: dict[str, KeptEngines] = {}  # slot ("baseline", "disagg") -> its set
+        # slot ("baseline", "disagg") -> its kept sets, the least recently used first
+        self._kept: dict[str, list[KeptEngines]] = {}
 
-    def take(self, slot: str, key: str) -> KeptEngines | None:
-        """The kept set of this slot if its key is `key` and every engine of it is alive (it is
-        then the caller's); else None, and whatever was kept there is stopped."""
-        kept = self._kept.pop(slot, None)
-        if kept is None:
-            return None
-        if kept.key == key and kept.alive():
-            return kept
-        kept.stop()
+    def take(self, slot: str, key: str, capacity: int = 1) -> KeptEngines | None:
+        """The kept set of this slot with key `key` if every engine of it is alive (it is then
+        the caller's); else None, once the slot's sets used least recently are stopped until a
+        fresh set fits beside the rest (at most `capacity` sets alive)."""
+        kept = self._kept.setdefault(slot, [])
+        found = next((k for k in kept if k.key == key), None)
+        if found is not None:
+            kept.remove(found)
+            if found.alive():
+                return found
+            found.stop()
+        while len(kept) >= capacity:
+            kept.pop(0).stop()
         return None
 
-    def keep(self, slot: str, key: str, engines: list[EngineProcess], cleanup: Callable[[], None]) -> None:
-        """Hands a set back for the next run (a set already kept in the slot is stopped)."""
-        old = self._kept.pop(slot, None)
-        if old is not None:
-            old.stop()
-        self._kept[slot] = KeptEngines(key, engines, cleanup)
+    def keep(self, slot: str, key: str, engines: list[EngineProcess], cleanup: Callable[[], None],
+             capacity: int = 1) -> None:
+        """Hands a set back for the next run (the slot's least recently used sets stopped beyond
+        `capacity`)."""
+        kept = self._kept.setdefault(slot, [])
+        while len(kept) >= capacity:
+            kept.pop(0).stop()
+        kept.append(KeptEngines(key, engines, cleanup))
 
     def pids(self) -> set[int]:
-        return {e.proc.pid for kept in self._kept.values() for e in kept.engines}
+        return {e.proc.pid for sets in self._kept.values() for kept in sets for e in kept.engines}
 
     def close(self) -> None:
         """Stops every kept engine."""
         while self._kept:
-            _, kept = self._kept.popitem()
-            kept.stop()
+            _, sets = self._kept.popitem()
+            while sets:
+                sets.pop().stop()
 
 
 POOL = EnginePool()
