@@ -65,6 +65,10 @@ def test_the_pool_keeps_the_sets_used_most_recently_up_to_its_capacity():
     dead_a = engines["a"]
     dead_a.stopped = True  # died while kept: not taken, started fresh
     assert run("a", 1) is False and engines["a"] is not dead_a
+    pair = StubEngine("d")
+    pool.keep("disagg", "d", [pair], lambda: None)
+    pool.close("disagg")  # one slot: the other's sets stay
+    assert pair.stopped and not engines["a"].stopped
     pool.close()
     assert engines["a"].stopped and pool.pids() == set()
 

@@ -202,16 +202,17 @@ class OfflineDeployment:
         return settled_usage([self.engines["prefill"], self.engines["decode"]],
                              settle_s=15.0 if self.cfg.strategy.module else 0.0)
 
-    def stop(self, grace_s: float, keep: bool = False) -> float:
-        """Stops every engine (keep, with a pool: hands each slot's engines, all alive, back to
-        it instead), then removes what the KV channel leaves behind when its engines were killed
-        while opening it; returns the seconds the engines took to stop."""
+    def stop(self, grace_s: float, keep: set[str] = frozenset()) -> float:
+        """Stops every engine (with a pool, the slots in `keep` whose engines are all alive are
+        handed back to it instead), then removes what the KV channel leaves behind when its engines
+        were killed while opening it; returns the seconds the engines took to stop."""
         t0 = time.monotonic()
-        # a fault scenario's engines count their transfers (every 2nd is faulted): not reused
-        keep = keep and self.pool is not None and not self.cfg.scenario.get("fault")
+        keep = set(keep) if self.pool is not None else set()
+        if self.cfg.scenario.get("fault"):  # its prefill worker counts its transfers (every 2nd is faulted)
+            keep.discard("disagg")
         for slot, names in SLOTS.items():
             engines = [self.engines[n] for n in names if n in self.engines]
-            if keep and len(engines) == len(names) and all(e.proc.is_alive() for e in engines):
+            if slot in keep and len(engines) == len(names) and all(e.proc.is_alive() for e in engines):
                 self.pool.keep(slot, self.keys[slot], engines, self.cleanups[slot], self.cfg.run.keep_engine_sets)
                 continue
             try:

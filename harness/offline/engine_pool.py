@@ -8,9 +8,10 @@ run that started it (`engine_key`). Anything else starts fresh. How many sets of
 alive is run.keep_engine_sets (default 1): before a fresh set starts, the sets of its slot used
 least recently are stopped until it fits, so with 1 no more engines are alive than one run starts
 (what a GPU's memory allows), and with 2 runs that alternate between two configurations (a test
-session) keep both. A run hands its sets back only
-when it ended normally with nothing held (offline/run.py); the rest are stopped as before. What
-is kept is stopped at exit (atexit; the engines also die with this process: PR_SET_PDEATHSIG).
+session) keep both. A run hands its baseline back once the baseline's passes have ended, its P/D
+pair only when every request ended with nothing held and no fault was injected (offline/run.py);
+the rest are stopped as before. What is kept is stopped at exit (atexit; the engines also die
+with this process: PR_SET_PDEATHSIG).
 
 Why reuse changes no result: each run empties the kept engines' prefix caches before its first
 request, its requests carry transfer ids of its own and name its own records files
@@ -94,10 +95,10 @@ class EnginePool:
     def pids(self) -> set[int]:
         return {e.proc.pid for sets in self._kept.values() for kept in sets for e in kept.engines}
 
-    def close(self) -> None:
-        """Stops every kept engine."""
-        while self._kept:
-            _, sets = self._kept.popitem()
+    def close(self, slot: str | None = None) -> None:
+        """Stops every kept engine (of one slot)."""
+        for name in [slot] if slot else list(self._kept):
+            sets = self._kept.pop(name, [])
             while sets:
                 sets.pop().stop()
 

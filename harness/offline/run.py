@@ -53,23 +53,27 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     transfer_held: dict[str, dict | None] = {}
     status, code, error = "ok", 0, None
     timings = {}
-    settled = False  # every pass ended and nothing stayed held: the engines may be kept for the next run
+    # the engines that may serve the next run (run.reuse_engines): the baseline once its passes have
+    # ended (idle, whatever happens on the P/D path), the P/D pair once every request has ended with
+    # nothing held
+    reusable: set[str] = set()
     try:
         print(f"[harness] {run_id}: {len(workload.prompts)} prompts, strategy={cfg.strategy.name}, "
               f"model={cfg.model.name}, device={device}; engine logs in {run_dir}", flush=True)
         timings["startup_s"] = deployment.start()
         baseline_passes(cfg, deployment, workload, rows, timings)
+        reusable.add("baseline")
         timings["startup_s"] += deployment.start_disagg()
         disagg_passes(cfg, deployment, workload, rows, timings)
         # every request has finished: a block still held is a leak (a parked request never released)
         # vLLM's pull connector frees the prefill's blocks on a later step (not waited for: reported)
         kv_in_use, transfer_held = deployment.usage()
-        settled = all(v == 0 for v in kv_in_use.values()) and \
-            not any(h and any(h.values()) for h in transfer_held.values())
+        if all(v == 0 for v in kv_in_use.values()) and not any(h and any(h.values()) for h in transfer_held.values()):
+            reusable.add("disagg")
     except (EngineDied, KeyboardInterrupt) as e:
         status, code, error = ended_early(e, run_dir)
     finally:
-        timings["shutdown_s"] = deployment.stop(grace_s=10 if status == "ok" else 1, keep=settled)
+        timings["shutdown_s"] = deployment.stop(grace_s=10 if status == "ok" else 1, keep=reusable)
         rows.close()
 
     # what this run paid: nothing for the engines it took from the pool
