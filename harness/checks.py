@@ -235,7 +235,7 @@ def check_fault(cfg: DictConfig) -> None:
         raise ConfigError(f"scenario.fault.kind must be one of {', '.join(KINDS)}, got {fault.get('kind')!r}")
     every = fault.get("every", 2)
     if not isinstance(every, int) or every < 1:
-        raise ConfigError(f"scenario.fault.every must be an integer >= 1 (every n-th transfer), got {every!r}")
+        raise ConfigError(f"scenario.fault.every must be an integer >= 1 (every n-th prompt's transfer), got {every!r}")
     if not cfg.strategy.module:
         raise ConfigError(f"scenario.fault is injected by this project's connectors; strategy {cfg.strategy.name!r} "
                           f"is vLLM's own {cfg.strategy.connector}")

@@ -89,7 +89,6 @@ def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path | list[Path],
     if not s.module:
         return out
     rendezvous = [str(p) for p in rendezvous] if isinstance(rendezvous, list) else str(rendezvous)
-    fault = cfg.scenario.get("fault")
     address = cfg.transport.get("address")
     if address:  # the prefill worker listens there, the decode worker connects (rendezvous.py)
         rendezvous = f"{SCHEME}{address}"
@@ -100,8 +99,7 @@ def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path | list[Path],
                "checksums": bool(cfg.check.checksums), "timeout_s": float(cfg.run.transfer_timeout_s),
                # the other engine may take this long to start before the channel opens
                "startup_timeout_s": float(cfg.run.startup_timeout_s),
-               "decode_submit": decode_submit(cfg),
-               "fault": OmegaConf.to_container(fault, resolve=True) if fault and engine == "prefill" else None}
+               "decode_submit": decode_submit(cfg)}
     transport = {"staging_mb": None, **OmegaConf.to_container(cfg.transport, resolve=True)}
     out.update(kv_connector_module_path=s.module,
                kv_connector_extra_config={"harness": harness, "strategy": params, "transport": transport})

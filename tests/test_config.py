@@ -214,18 +214,20 @@ def test_our_connectors_get_harness_strategy_and_transport_sections(tmp_path):
     assert extra["harness"] == {"rendezvous": str(tmp_path / "port"), "host": "127.0.0.1",
                                 "stats_path": str(tmp_path / "decode.jsonl"), "verify": True,
                                 "checksums": False, "timeout_s": 7.0, "startup_timeout_s": 600.0,
-                                "decode_submit": "early", "fault": None, "tp": {"prefill": 1, "decode": 1}}
+                                "decode_submit": "early", "tp": {"prefill": 1, "decode": 1}}
     staged = transfer_config(compose_job(["transport.staging_mb=64", "check.digests=false"]), "prefill",
                              tmp_path / "p", tmp_path / "s")["kv_connector_extra_config"]
     assert staged["transport"] == {"kind": "staged", "staging_mb": 64, "address": None, "ifname": None}
     assert staged["harness"]["verify"] is False
 
 
-def test_a_fault_scenario_reaches_the_prefill_worker_and_vllms_failure_policy_both(tmp_path):
+def test_a_fault_scenario_reaches_the_requests_and_vllms_failure_policy_both_engines(tmp_path):
     cfg = compose_job(["scenario=fault_flip"])
     prefill, decode = (transfer_config(cfg, e, tmp_path / "p", tmp_path / "s") for e in ("prefill", "decode"))
-    assert prefill["kv_connector_extra_config"]["harness"]["fault"] == {"kind": "flip", "every": 2}
-    assert decode["kv_connector_extra_config"]["harness"]["fault"] is None  # the prefill worker injects it
+    # the fault travels with each faulted prefill request (tests/test_faults.py), not in the engines'
+    # configuration: the same engine pair serves the real and the faulted runs
+    plain = compose_job(["check.checksums=true", "run.transfer_timeout_s=5", "run.kv_load_failure_policy=recompute"])
+    assert prefill == transfer_config(plain, "prefill", tmp_path / "p", tmp_path / "s")
     assert prefill["kv_load_failure_policy"] == decode["kv_load_failure_policy"] == "recompute"
     assert decode["kv_connector_extra_config"]["harness"]["checksums"] is True
 

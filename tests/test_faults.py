@@ -1,9 +1,14 @@
-"""The transport faults and the arrival checks, without engines."""
+"""The transport faults (which requests carry one, what each does to a payload) and the arrival
+checks, without engines."""
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
-from transfer_strategies.faults import FaultInjector, check_message, header, payload_checksum
+from harness.offline.deployment import fault_for, handoff_params
+from harness.workload import Prompt
+from transfer_strategies.faults import check_message, damage, header, payload_checksum
+from transfer_strategies.kv_transfer_params import fault_of
 from transfer_strategies.transport.message import Message, as_bytes
 
 
@@ -11,19 +16,28 @@ def message(payload: torch.Tensor, meta: dict) -> Message:
     return Message("t", 0, 1, as_bytes(payload), meta, 0.0, 0.0)
 
 
-def test_every_nth_transfer_is_faulted():
-    f = FaultInjector({"kind": "drop", "every": 3}, timeout_s=5)
-    assert [f.pick() for _ in range(7)] == [None, None, "drop", None, None, "drop", None]
-    assert FaultInjector(None, 5).pick() is None
-    assert FaultInjector({"kind": "delay"}, timeout_s=5).delay_s == 7  # past the timeout by default
-    with pytest.raises(ValueError, match="unknown fault"):
-        FaultInjector({"kind": "lose"}, 5)
+def test_every_nth_prompt_carries_the_scenarios_fault_and_the_warm_up_none():
+    cfg = OmegaConf.create({"scenario": {"fault": {"kind": "drop", "every": 3}}, "run": {"transfer_timeout_s": 5}})
+    picked = [fault_for(cfg, Prompt(i, [1])) for i in range(-1, 7)]
+    assert picked == [None, None, None, {"kind": "drop", "delay_s": 7.0}, None, None,
+                      {"kind": "drop", "delay_s": 7.0}, None]  # indices 2 and 5; delay_s: past the timeout
+    cfg.scenario.fault = {"kind": "delay", "delay_s": 1.5}  # every 2nd by default
+    assert [fault_for(cfg, Prompt(i, [1])) for i in range(4)] == [None, {"kind": "delay", "delay_s": 1.5}] * 2
+    assert fault_for(OmegaConf.create({"scenario": {}, "run": {}}), Prompt(1, [1])) is None
+
+
+def test_the_prefill_request_carries_the_fault_and_its_scheduler_side_reads_it():
+    strategy = OmegaConf.create({"name": "fused", "handoff": "push"})
+    prefill = handoff_params(strategy, "prefill", "t-1", None, fault={"kind": "flip", "delay_s": 7.0})
+    decode = handoff_params(strategy, "decode", "t-1", None, fault={"kind": "flip", "delay_s": 7.0})
+    assert fault_of(prefill) == ("flip", 7.0) and fault_of(decode) == (None, None)  # the sender injects it
+    assert fault_of(handoff_params(strategy, "prefill", "t-2", None)) == (None, None)
 
 
 def test_a_truncated_payload_is_caught_by_its_length():
     payload = torch.randn(64)
     meta = header(payload, checksums=False)
-    sent = FaultInjector.damage("truncate", payload, 0, 1, own_copy=True)
+    sent = damage("truncate", payload, 0, 1, own_copy=True)
     assert "truncated: 128 of 256 bytes" in check_message(message(sent, meta))
     assert check_message(message(payload, meta)) is None
 
@@ -46,7 +60,7 @@ def test_a_flip_leaves_a_payload_it_does_not_own_alone():
     kv_layer = torch.randn(32)
     before = kv_layer.clone()
     meta = header(kv_layer, checksums=True)
-    sent = FaultInjector.damage("flip", kv_layer, 2, 3, own_copy=False)
+    sent = damage("flip", kv_layer, 2, 3, own_copy=False)
     assert torch.equal(kv_layer, before)
     assert "checksum differs" in check_message(message(sent, meta))
-    assert FaultInjector.damage("flip", kv_layer, 1, 3, own_copy=False) is kv_layer  # only the last message
+    assert damage("flip", kv_layer, 1, 3, own_copy=False) is kv_layer  # only the last message

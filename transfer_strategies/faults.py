@@ -1,8 +1,8 @@
 """Transport faults a scenario injects on purpose (conf/scenario/fault_*.yaml), and the checks
 by which a decode worker catches a message that arrived broken.
 
-The prefill worker injects (`FaultInjector`), every `every`-th transfer it sends (counted from
-its first, the warm-up's), one of:
+The prefill worker injects one into each transfer whose prefill request asks for it
+(kv_transfer_params' fault: the harness picks every `every`-th prompt, harness/offline/deployment.py):
     drop      no message of the transfer is sent (its staging space is given back)
     delay     every message is sent delay_s late (default: the transfer timeout + 2 s)
     truncate  the last message carries half its payload
@@ -29,37 +29,19 @@ class TransferFault(RuntimeError):
     """A transfer that arrived broken: its blocks are reported to vLLM as failed loads."""
 
 
-class FaultInjector:
-    def __init__(self, spec: dict | None, timeout_s: float):
-        spec = spec or {}
-        self.kind = spec.get("kind")
-        if self.kind is not None and self.kind not in KINDS:
-            raise ValueError(f"unknown fault {self.kind!r}: one of {KINDS}")
-        self.every = int(spec.get("every") or 2)
-        self.delay_s = float(spec.get("delay_s") or timeout_s + 2)
-        self._transfers = 0
-
-    def pick(self) -> str | None:
-        """The fault for the next transfer this worker sends (None: none)."""
-        if self.kind is None:
-            return None
-        self._transfers += 1
-        return self.kind if self._transfers % self.every == 0 else None
-
-    @staticmethod
-    def damage(fault: str | None, payload: torch.Tensor, index: int, count: int, own_copy: bool) -> torch.Tensor:
-        """The payload as the fault sends it (its header already describes the intact one).
-        own_copy: the payload is the sender's copy (built in the channel's send space), not its
-        KV cache (full_cache posts the cache's own tensors), so a bit may be flipped in place."""
-        if index != count - 1 or fault not in ("truncate", "flip"):
-            return payload
-        data = as_bytes(payload)
-        if fault == "truncate":
-            return data[: data.numel() // 2]
-        if data.numel():
-            data = data if own_copy else data.clone()
-            data[data.numel() // 2] ^= 0x10
-        return data
+def damage(fault: str | None, payload: torch.Tensor, index: int, count: int, own_copy: bool) -> torch.Tensor:
+    """The payload as the fault sends it (its header already describes the intact one).
+    own_copy: the payload is the sender's copy (built in the channel's send space), not its
+    KV cache (full_cache posts the cache's own tensors), so a bit may be flipped in place."""
+    if index != count - 1 or fault not in ("truncate", "flip"):
+        return payload
+    data = as_bytes(payload)
+    if fault == "truncate":
+        return data[: data.numel() // 2]
+    if data.numel():
+        data = data if own_copy else data.clone()
+        data[data.numel() // 2] ^= 0x10
+    return data
 
 
 def header(payload: torch.Tensor, checksums: bool) -> dict:

@@ -14,17 +14,25 @@ RECORDS = "records"
 # a decode request whose KV its worker damages once received (the negative control, check.corrupt),
 # so that one engine pair serves the real and the corrupted runs
 CORRUPT = "corrupt"
+# a prefill request whose transfer its worker damages or holds back on purpose, {"kind": one of
+# faults.KINDS, "delay_s": for delay}: a scenario's transport fault (faults.py), chosen per request
+# by the harness, so that one engine pair serves the real and the faulted runs
+FAULT = "fault"
 
 
-def push_params(transfer_id: str, early: bool = False, records: str | None = None, corrupt: bool = False) -> dict:
+def push_params(transfer_id: str, early: bool = False, records: str | None = None, corrupt: bool = False,
+                fault: dict | None = None) -> dict:
     """kv_transfer_params of a request to a push strategy's engine; early: a decode request sent
     with the prefill request, parked in vLLM until its KV is in; corrupt: a decode request whose
-    KV is damaged on arrival (the negative control)."""
+    KV is damaged on arrival (the negative control); fault: a prefill request whose transfer
+    carries a scenario's transport fault."""
     params = {TRANSFER_ID: transfer_id, LOAD: ASYNC_LOAD} if early else {TRANSFER_ID: transfer_id}
     if records is not None:
         params[RECORDS] = records
     if corrupt:
         params[CORRUPT] = True
+    if fault:
+        params[FAULT] = fault
     return params
 
 
@@ -34,6 +42,12 @@ def transfer_id_of(params: dict | None) -> str | None:
 
 def records_of(params: dict | None) -> str | None:
     return (params or {}).get(RECORDS)
+
+
+def fault_of(params: dict | None) -> tuple[str | None, float | None]:
+    """(kind, delay_s) of the transport fault a prefill request asks for ((None, None): none)."""
+    fault = (params or {}).get(FAULT) or {}
+    return fault.get("kind"), fault.get("delay_s")
 
 
 def corrupts(params: dict | None) -> bool:

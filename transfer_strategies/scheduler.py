@@ -64,9 +64,10 @@ class TransferRequest:
     bytes: int = 0
     messages: int = 0
     received: list = field(default_factory=list)  # the transport's Messages
-    fault: str | None = None  # prefill: the transport fault a scenario injects into this transfer (faults.py)
     records: str | None = None  # the file its records go to (kv_transfer_params' records; None: the default)
     corrupt: bool = False  # decode: damaged once received (the negative control: kv_transfer_params' corrupt)
+    fault: str | None = None  # prefill: the transport fault injected into this transfer (kv_transfer_params' fault)
+    fault_delay_s: float | None = None  # prefill: how late a delayed transfer's messages leave
 
     @property
     def written_block_ids(self) -> list[int]:
@@ -145,8 +146,10 @@ class RequestTracker:
         n_tok = len(request.prompt_token_ids) - 1
         now = time.monotonic()
         if self.is_producer:
+            fault, delay_s = kv_transfer_params.fault_of(request.kv_transfer_params)
             self._sends[request.request_id] = TransferRequest(tid, request.request_id, [], n_tok, t_admitted=now,
-                                                              records=records_of(request))
+                                                              records=records_of(request), fault=fault,
+                                                              fault_delay_s=delay_s)
             return
         # decode: every request with a transfer id takes its message, even when nothing is
         # loaded (all blocks were already cached here), so the sender's space is freed.

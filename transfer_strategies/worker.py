@@ -20,7 +20,7 @@ import torch
 
 from transfer_strategies.clock import SendClock
 from transfer_strategies.digests import BlockDigests, PendingDigests
-from transfer_strategies.faults import WITHHELD, FaultInjector, TransferFault, check_message, header
+from transfer_strategies.faults import WITHHELD, TransferFault, check_message, damage, header
 from transfer_strategies.head_shards import open_sharded
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.negative_control import corrupt_received
@@ -36,7 +36,7 @@ LAYOUT_ID = "__layout__"
 class TransferWorker:
     def __init__(self, strategy: str, is_producer: bool, harness: dict, transport: dict):
         """harness: what the harness sets (rendezvous, host, stats_path, verify,
-        timeout_s, checksums, fault); transport: the channel's settings (kind, staging_mb, ...)."""
+        timeout_s, checksums); transport: the channel's settings (kind, staging_mb, ...)."""
         self.strategy = strategy
         self.is_producer = is_producer
         self.harness = harness
@@ -49,7 +49,6 @@ class TransferWorker:
         self.channel = None
         self.timeout_s = float(harness.get("timeout_s", 300))
         self.checksums = bool(harness.get("checksums", False))  # each message's payload checksum in its header
-        self.faults = FaultInjector(harness.get("fault"), self.timeout_s)  # prefill: a scenario's transport faults
         self.parking = ParkedRequests(self.timeout_s)  # decode, early submission
         self._scheduled_at: dict[str, float] = {}  # req id -> when its first decode step was scheduled
         # receive records waiting for that stamp, with their digests and file
@@ -116,7 +115,6 @@ class TransferWorker:
 
     def begin_send(self, req: TransferRequest, streaming: bool = False) -> None:
         req.clock = SendClock(self.kv.device, streaming)
-        req.fault = self.faults.pick()
 
     def post(self, req: TransferRequest, payload: torch.Tensor, index: int, count: int) -> None:
         t0 = req.clock.start()
@@ -126,7 +124,7 @@ class TransferWorker:
         meta = dict(header(payload, self.checksums), t0=t0)
         req.messages += 1
         if req.fault is not None:
-            payload = self.faults.damage(req.fault, payload, index, count, self.channel.owns(payload))
+            payload = damage(req.fault, payload, index, count, self.channel.owns(payload))
             if req.fault in WITHHELD:
                 self._withhold(req, payload, index, count, meta)
                 return
@@ -137,7 +135,9 @@ class TransferWorker:
         if req.fault == "drop":
             self.channel.discard(payload)
             return
-        timer = threading.Timer(self.faults.delay_s, self.channel.send, (req.transfer_id, index, count, payload), meta)
+        # late by default: past the decode worker's timeout
+        delay_s = req.fault_delay_s if req.fault_delay_s is not None else self.timeout_s + 2
+        timer = threading.Timer(delay_s, self.channel.send, (req.transfer_id, index, count, payload), meta)
         timer.daemon = True
         timer.start()
 

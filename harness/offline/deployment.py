@@ -51,20 +51,32 @@ def sampling_params(cfg: DictConfig, max_tokens: int, kv_transfer_params: dict |
     return sp
 
 
+def fault_for(cfg: DictConfig, p: Prompt) -> dict | None:
+    """The transport fault of a scenario (scenario.fault) that prompt p's transfer carries: every
+    `every`-th prompt of the measured pass (indices every-1, 2*every-1, ...; the warm-up's none),
+    so the same prompts are faulted however the requests interleave."""
+    fault = cfg.scenario.get("fault")
+    if not fault or p.index < 0 or (p.index + 1) % fault.get("every", 2):
+        return None
+    return {"kind": fault.kind, "delay_s": float(fault.get("delay_s") or cfg.run.transfer_timeout_s + 2)}
+
+
 def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_result: dict | None,
-                   early: bool = False, records: Path | None = None, corrupt: bool = False) -> dict:
+                   early: bool = False, records: Path | None = None, corrupt: bool = False,
+                   fault: dict | None = None) -> dict:
     """kv_transfer_params of a request to the prefill or decode engine.
     push (this project's strategies): both requests carry one transfer id; the prefill worker
       sends, the decode worker takes the message with that id. A decode request submitted early
       (with the prefill request) asks to be parked until its KV is in ("load": "async"). Each
       names the file its engine's records go to (records: this run's, engines may be kept); a
-      decode request of the negative control asks for its KV to be damaged on arrival (corrupt).
+      decode request of the negative control asks for its KV to be damaged on arrival (corrupt), a
+      prefill request of a fault scenario for its transfer to be faulted (fault: fault_for).
     pull (vLLM's NixlConnector): the prefill request asks the engine to keep the KV for a remote
       decode; the engine answers where it is, and the decode request carries that answer."""
     if not pulls(strategy):
         decode = stage == "decode"
         return push_params(transfer_id, early=decode and early, records=str(records) if records else None,
-                           corrupt=decode and corrupt)
+                           corrupt=decode and corrupt, fault=None if decode else fault)
     if stage == "prefill":
         return {"do_remote_decode": True}
     params = (prefill_result or {}).get("kv_transfer_params")
@@ -184,8 +196,8 @@ class OfflineDeployment:
         cfg, s, tid = self.cfg, self.cfg.strategy, self.transfer_id
         early = decode_submit(cfg) == "early"
         sends, receives = self.stats_paths
-        prefill = (self.engines["prefill"],
-                   lambda p, r: sampling_params(cfg, 1, handoff_params(s, "prefill", tid(p), None, records=sends)))
+        prefill = (self.engines["prefill"], lambda p, r: sampling_params(
+            cfg, 1, handoff_params(s, "prefill", tid(p), None, records=sends, fault=fault_for(cfg, p))))
         decode = (self.engines["decode"], lambda p, r: sampling_params(
             cfg, cfg.sampling.max_tokens,
             handoff_params(s, "decode", tid(p), r[0], early, records=receives, corrupt=cfg.check.corrupt)))
@@ -208,8 +220,6 @@ class OfflineDeployment:
         were killed while opening it; returns the seconds the engines took to stop."""
         t0 = time.monotonic()
         keep = set(keep) if self.pool is not None else set()
-        if self.cfg.scenario.get("fault"):  # its prefill worker counts its transfers (every 2nd is faulted)
-            keep.discard("disagg")
         for slot, names in SLOTS.items():
             engines = [self.engines[n] for n in names if n in self.engines]
             if slot in keep and len(engines) == len(names) and all(e.proc.is_alive() for e in engines):
