@@ -335,7 +335,10 @@ def test_a_request_preempted_after_its_kv_came_loads_nothing_when_admitted_again
 
 def test_a_request_aborted_before_vllm_could_allocate_it_leaves_nothing_in_the_connector(tmp_path):
     """It left its prefix-hit count (matched_tokens' _local_hits) for the engine's life before
-    finished() dropped it: a leak in engines kept between runs."""
+    finished() dropped it: a leak in engines kept between runs. Its KV, sent all the same by the
+    prefill engine, must be released when it comes: the worker is told its transfer id (dropped);
+    under load in make test-full it stayed in the decode worker's inbox, with the sender's staging
+    space (aborts/full_cache: kv_leak)."""
     s = make_scheduler(tmp_path, num_blocks=8)
     matched = record_matches(s)
     other = make_request("other", 20, 1000, max_tokens=4)  # 5 of the 7 usable blocks
@@ -346,8 +349,10 @@ def test_a_request_aborted_before_vllm_could_allocate_it_leaves_nothing_in_the_c
     step(s)
     assert d.status == RequestStatus.WAITING and ("d", 0, (16, True)) in matched
     s.finish_requests("d", RequestStatus.FINISHED_ABORTED)  # the client gave up waiting
+    dropped = []
     while s.requests:
-        step(s)
+        dropped += step(s)[1].dropped
+    assert dropped == ["t-d"]
     assert free_blocks(s) == usable_blocks(s)  # vLLM let go of everything
     assert_nothing_held(s)
 

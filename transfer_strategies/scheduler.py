@@ -20,9 +20,11 @@ How a request flows (the harness drives it):
        worker writes the blocks when the KV has arrived and reports the request finished
        receiving (`get_finished`), which releases it to vLLM's next step. A request aborted
        while parked is listed in `cancelled`, so the worker reports it too and vLLM frees its
-       blocks. A request whose blocks were all in this engine's prefix cache is not parked
-       (vLLM computes its last token at once); its message is still taken (`drains`), when it
-       arrives, so the sender's staging space is freed (it wrote nothing: no digest judges it).
+       blocks; one aborted before vLLM admitted it (still waiting: no blocks yet) has its transfer
+       id listed in `dropped`, so the worker releases its KV when it comes. A request whose
+       blocks were all in this engine's prefix cache is not parked (vLLM computes its last
+       token at once); its message is still taken (`drains`), when it arrives, so the sender's
+       staging space is freed (it wrote nothing: no digest judges it).
 Both sides move the blocks holding prompt tokens [0, prompt_len - 1), so their counts agree.
 
 Both sides stamp when vLLM admitted the request (`t_admitted`) and, on the decode side, when the
@@ -83,6 +85,9 @@ class TransferMetadata(KVConnectorMetadata):
     parked: list[TransferRequest] = field(default_factory=list)  # decode: load when the KV has arrived
     drains: list[TransferRequest] = field(default_factory=list)  # decode: nothing to load; take the message
     cancelled: list[str] = field(default_factory=list)  # decode: req ids finished while parked
+    # decode: transfer ids of requests that finished before vLLM admitted them (aborted while waiting):
+    # their KV is released whenever it comes, so the sender's staging space comes back
+    dropped: list[str] = field(default_factory=list)
     scheduled: dict[str, float] = field(default_factory=dict)  # decode: req id -> when its first step was scheduled
     idle: bool = False  # no tokens scheduled this step: the worker may wait for KV to arrive
 
@@ -237,6 +242,10 @@ class RequestTracker:
         writer = self.records.get(records_of(request)) if account is not None else None
         if writer is not None:
             writer.write(account)
+        tid = transfer_id_of(request)
+        never_admitted = account is None or not account.admissions  # (vLLM may have asked, matched_tokens)
+        if never_admitted and tid is not None and not self.is_producer:  # its KV may still come
+            self._next.dropped.append(tid)
         if request.request_id in self._parked:  # aborted (or failed) before its KV was loaded
             self._parked.discard(request.request_id)
             self._next.cancelled.append(request.request_id)

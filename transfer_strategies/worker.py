@@ -168,6 +168,8 @@ class TransferWorker:
                 self._drop(tid)
             if rid in self._unwritten:  # loaded, then finished before vLLM scheduled it
                 self._write_receive(*self._unwritten.pop(rid), rid)
+        for tid in meta.dropped:
+            self._drop(tid)
         self.parking.scheduled(meta.scheduled)
         if self.writers.any:  # read only by the records (a stamp nothing pops would stay)
             self._scheduled_at.update(meta.scheduled)
