@@ -55,3 +55,15 @@ def test_kv_that_never_comes_expires_with_its_blocks_as_load_errors():
     arrived, expired = parking.poll(inbox, idle=False)
     assert arrived == [] and [r.req_id for r in expired] == ["a"]
     assert parking.released() == {"a"} and parking.load_errors() == {5, 6} and parking.load_errors() == set()
+
+
+def test_a_request_past_the_timeout_no_longer_counts_as_held_before_the_next_step():
+    """Under TP 2 -> 2 in make test-full, one decode worker's timeout failed a dropped transfer's
+    request first; the other worker's entry waited for a cancel that only a next engine step
+    brings, and the run was judged kv_leak (parked 1) with every request ended."""
+    parking = ParkedRequests(timeout_s=0.05)
+    parking.park(req("a"))
+    assert parking.count() == 1
+    time.sleep(0.06)
+    assert parking.count() == 0  # failed at the next poll, or cancelled first: not a leak
+    assert parking.cancel("a") == "t-a" and parking.count() == 0  # the cancel still finds it

@@ -64,7 +64,13 @@ class ParkedRequests:
         return done
 
     def count(self) -> int:
-        return len(self._parked)
+        """Requests still waiting for their KV within the timeout. One past it is failed at the
+        engine's next step, or vLLM has finished it already: under tensor parallelism another
+        worker's timeout fails the request first, and the cancel reaches this worker with the
+        next step's metadata, which an idle engine does not build (it comes before the next
+        run's first poll)."""
+        late = time.monotonic() - self.timeout_s
+        return sum(since >= late for _, since in self._parked.values())
 
     def fail_blocks(self, block_ids) -> None:
         """Blocks a load left wrong (a transfer caught broken): reported with the next load errors."""

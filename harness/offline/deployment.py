@@ -144,7 +144,9 @@ class OfflineDeployment:
         return [self.engines[n] for slot in fresh for n in SLOTS[slot]]
 
     def _take(self, slot: str) -> bool:
-        kept = self.pool.take(slot, self.keys[slot], self.cfg.run.keep_engine_sets) if self.pool is not None else None
+        # a pair listening on a fixed address (transport.address) cannot start beside a kept one holding it
+        capacity = 1 if slot == "disagg" and self.cfg.transport.get("address") else self.cfg.run.keep_engine_sets
+        kept = self.pool.take(slot, self.keys[slot], capacity) if self.pool is not None else None
         if kept is None:
             return False
         if not all([e.reset_prefix_cache() for e in kept.engines]):  # noqa: C419 - each one emptied
