@@ -9,9 +9,9 @@ alive is run.keep_engine_sets (default 1): before a fresh set starts, the sets o
 least recently are stopped until it fits, so with 1 no more engines are alive than one run starts
 (what a GPU's memory allows), and with 2 runs that alternate between two configurations (a test
 session) keep both. A run hands its baseline back once the baseline's passes have ended, its P/D
-pair only when every request ended with nothing held (offline/run.py);
-the rest are stopped as before. What is kept is stopped at exit (atexit; the engines also die
-with this process: PR_SET_PDEATHSIG).
+pair only when every request ended with nothing held (offline/run.py); the rest are stopped as
+before. What is kept is stopped at exit (atexit; the engines also die with this process:
+PR_SET_PDEATHSIG).
 
 Why reuse changes no result: each run empties the kept engines' prefix caches before its first
 request, its requests carry transfer ids of its own and name its own records files
