@@ -11,11 +11,9 @@ decode worker, and every one of them must see it.
 
 import json
 import os
-from pathlib import Path
 
 import pytest
 
-from harness import process_group
 from harness.offline.engine_pool import POOL
 from tests.conftest import FULL, ROOT, cells, run_harness
 from tests.test_e2e_cpu import edge_prompts, harness_on_edge_prompts
@@ -49,19 +47,14 @@ KEPT = {("fused", 1, 2), ("per_request_blocks", 2, 1), ("layerwise", 2, 2)}
                                              ids=lambda c: f"{c[0]}-{c[1]}to{c[2]}"))
 def tp_run(request, results_dir, tmp_path_factory):
     strategy, p, d = request.param
-    POOL.close("disagg")  # the P/D pairs earlier runs kept are not this run's
+    POOL.close()  # what earlier runs kept is not this run's
     shm_before = set(os.listdir("/dev/shm"))
     run = harness_on_edge_prompts(results_dir, tmp_path_factory, f"tp-{strategy}-{p}to{d}", f"strategy={strategy}",
                                   *tp_overrides(p, d))
     run.degrees = (p, d)
-    POOL.close("disagg")  # the pair this run kept for the next one: what its engines leave is the run's
-    run.shm_left = set(os.listdir("/dev/shm")) - shm_before - kept_baselines_files()
+    POOL.close()  # the engines this run kept for the next one: what they leave is the run's
+    run.shm_left = set(os.listdir("/dev/shm")) - shm_before
     return run
-
-
-def kept_baselines_files() -> set[str]:
-    """What the baseline engines still kept for later runs map in /dev/shm (their own, not the TP pair's)."""
-    return {Path(f).name for pid in POOL.pids() for f in process_group.segments_of_group(pid)}
 
 
 def worker_records(run, side: str, tp: int) -> list[list[dict]]:
