@@ -63,6 +63,12 @@ class KeptEngines:
             self.cleanup()
 
 
+def _make_room(kept: list[KeptEngines], capacity: int) -> None:
+    """Stops the least recently used sets until one more fits within capacity."""
+    while len(kept) >= capacity:
+        kept.pop(0).stop()
+
+
 class EnginePool:
     def __init__(self):
         # slot ("baseline", "disagg") -> its kept sets, the least recently used first
@@ -79,8 +85,7 @@ class EnginePool:
             if found.alive():
                 return found
             found.stop()
-        while len(kept) >= capacity:
-            kept.pop(0).stop()
+        _make_room(kept, capacity)
         return None
 
     def keep(self, slot: str, key: str, engines: list[EngineProcess], cleanup: Callable[[], None],
@@ -88,8 +93,7 @@ class EnginePool:
         """Hands a set back for the next run (the slot's least recently used sets stopped beyond
         `capacity`)."""
         kept = self._kept.setdefault(slot, [])
-        while len(kept) >= capacity:
-            kept.pop(0).stop()
+        _make_room(kept, capacity)
         kept.append(KeptEngines(key, engines, cleanup))
 
     def pids(self) -> set[int]:
