@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from harness.workload import Workload, build_workload
+from transfer_strategies.kv_transfer_params import FAULT_KINDS
 
 
 class ConfigError(ValueError):
@@ -229,10 +230,8 @@ def check_fault(cfg: DictConfig) -> None:
     fault = cfg.scenario.get("fault")
     if not fault:
         return
-    from transfer_strategies.faults import KINDS
-
-    if fault.get("kind") not in KINDS:
-        raise ConfigError(f"scenario.fault.kind must be one of {', '.join(KINDS)}, got {fault.get('kind')!r}")
+    if fault.get("kind") not in FAULT_KINDS:
+        raise ConfigError(f"scenario.fault.kind must be one of {', '.join(FAULT_KINDS)}, got {fault.get('kind')!r}")
     every = fault.get("every", 2)
     if not isinstance(every, int) or every < 1:
         raise ConfigError(f"scenario.fault.every must be an integer >= 1 (every n-th prompt's transfer), got {every!r}")

@@ -138,7 +138,7 @@ class ServeRow:
     output_len: int
     conversation: int | None  # as in RequestRow
     turn: int | None
-    status: str  # ok | failed | cancelled (the client went away after the first token, on purpose)
+    status: str  # ok | failed | cancelled (the client went away on purpose: serve.cancel_fraction, scenario.aborts)
     error: str | None
     request_rate: float  # requested (inf: all at once)
     arrival_s: float  # when the schedule said to send it, from the start of the load
@@ -170,6 +170,10 @@ class ServeRow:
     decode_preemptions: int | None
     kv_recomputed: bool | None
     token_ids: list[int]
+    # P/D path (from version 11): the transport fault its transfer carried (scenario.fault, the
+    # X-KV-Fault header), and "client" where the client abandoned it at a random time (scenario.aborts)
+    fault: str | None = None
+    aborted: str | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:

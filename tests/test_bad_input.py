@@ -141,7 +141,8 @@ def test_vllm_example_with_a_prompt_under_one_block(tmp_path):
     (["scenario=fault_drop", "scenario.fault.kind=lose"], ["scenario.fault.kind must be one of", "'lose'"]),
     (["scenario=fault_drop", "scenario.fault.every=0"], ["scenario.fault.every must be an integer >= 1"]),
     (["scenario=fault_drop", "strategy=vllm_nixl"], ["scenario.fault is injected by this project's connectors"]),
-    (["scenario=fault_drop", "runner=serve"], ["fault and abort scenarios run with runner=offline"]),
+    (["scenario=fault_drop", "runner=serve", "serve.endpoints.baseline=http://127.0.0.1:9",
+      "serve.endpoints.disagg=http://127.0.0.1:9"], ["scenario=fault_drop", "serve.endpoints has none"]),
     (["scenario=aborts", "scenario.aborts.fraction=1.5"], ["scenario.aborts needs a fraction in (0, 1]"]),
     (["engines.decode={tensor_parallel_size:3}"], ["decode engine", "tensor_parallel_size=3 does not divide the "
                                                    "model's 2 KV heads"]),

@@ -5,7 +5,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from harness.offline.deployment import fault_for, handoff_params
+from harness.offline.deployment import handoff_params
+from harness.scenario import fault_for
 from harness.workload import Prompt
 from transfer_strategies.faults import check_message, damage, header, payload_checksum
 from transfer_strategies.kv_transfer_params import fault_of

@@ -24,7 +24,7 @@ import harness.__main__  # noqa: F401 - registers the config's resolvers
 from harness.engine_config import free_port
 from harness.records import read_jsonl
 from harness.results import load_requests, load_runs
-from harness.serving.instances import serve_command
+from harness.serving.instances import InstanceDied, ServerProcess, serve_command
 from harness.serving.load import TIMED_OUT, LoadSpec, arrival_schedule
 from harness.serving.router import Pool, Router
 from tests.conftest import FULL, SLOW, refused_in_process, run_harness
@@ -48,6 +48,43 @@ def test_engine_arguments_become_vllm_serve_flags():
     assert "--enforce-eager" in cmd and "--no-enable-prefix-caching" in cmd and "--disable-log-stats" not in cmd
     assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == "1024" and "--gpu-memory-utilization" not in cmd
     assert json.loads(cmd[cmd.index("--kv-transfer-config") + 1]) == {"kv_role": "kv_producer"}
+
+
+SERVER = """
+import http.server, pathlib, sys
+port, marker = int(sys.argv[1]), pathlib.Path(sys.argv[2])
+if not marker.exists():  # the first start finds its port taken
+    marker.touch()
+    sys.exit("OSError: [Errno 98] error while attempting to bind on address: address already in use")
+if sys.argv[3] == "die":
+    sys.exit("something else went wrong")
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", port), Health).serve_forever()
+"""
+
+
+def test_a_server_whose_port_was_taken_starts_again_on_another(tmp_path):
+    """A free port is free only until someone binds it (the engines started beside a server bind
+    theirs): a server that lost its port starts again on a new one; any other exit is its death."""
+    for then in ("serve", "die"):
+        marker = tmp_path / then
+        server = ServerProcess("s", lambda port, m=marker, t=then: [sys.executable, "-c", SERVER, str(port), str(m), t],
+                               {}, tmp_path / f"{then}.log")
+        try:
+            server.start()
+            first = server.port
+            if then == "serve":
+                server.wait_healthy(30)
+                assert server.alive() and server._attempts == 2 and server.port is not None
+                assert server.log_path.read_text().count("$ ") == 2 and str(first) in server.log_path.read_text()
+            else:
+                with pytest.raises(InstanceDied, match="something else went wrong"):
+                    server.wait_healthy(30)
+        finally:
+            server.stop(1)
 
 
 def test_pools_pick_round_robin_or_the_least_busy_and_bad_settings_are_refused():
@@ -165,6 +202,31 @@ def test_the_serving_runner_checks_every_request_under_load(results_dir):
     assert set(servers) == {"baseline", "prefill", "decode", "baseline_router", "router"}
     assert set(os.listdir("/dev/shm")) - shm_before == set()  # no segment left behind
     assert not any(group_alive(v["pid"]) for v in servers.values())
+
+
+@pytest.mark.engine
+@FULL
+def test_the_fault_and_abort_scenarios_run_through_the_router(results_dir):
+    """runner=serve scenario=aborts with every 3rd prompt's transfer dropped: the client asks the
+    router for the fault (X-KV-Fault) and abandons half the requests at random times; each dropped
+    transfer's request fails at the transfer timeout with the decode worker's reason, every other
+    request matches, and nothing stays held."""
+    run = run_harness(results_dir / "serve-scenarios", "runner=serve", "scenario=aborts",
+                      "scenario.fault={kind:drop,every:3}", "serve.num_requests=16", "serve.request_rate=8",
+                      "serve.baseline_repeat=false")
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["faults_injected"] == s["faults_caught"] >= 1 and s["faults_missed"] == 0
+    assert s["aborted"] == s["cancelled"] >= 4 and s["kv_cache_usage_at_end"] == {"prefill": 0.0, "decode": 0.0}
+    df = load_requests(run.run_dir)
+    d = df[df["path"] == "disagg"]
+    faulted = d[d["fault"] == "drop"]
+    assert (faulted["prompt_idx"] % 3 == 2).all() and len(faulted) == len(d[d["prompt_idx"] % 3 == 2])
+    caught = faulted[faulted["aborted"].isna()]
+    assert (caught["status"] == "failed").all() and caught["transfer_error"].str.startswith("no KV arrived").all()
+    clean = d[d["fault"].isna() & d["aborted"].isna()]
+    assert (clean["status"] == "ok").all() and clean["match"].all() and clean["digest_match"].all()
+    assert (d.loc[d["aborted"] == "client", "status"] == "cancelled").all()
 
 
 def group_alive(pid: int) -> bool:

@@ -153,6 +153,36 @@ def test_the_router_answers_as_a_colocated_instance_with_every_transfer_checked(
     assert_no_block_held(d)
 
 
+@pytest.mark.engine
+def test_a_transport_fault_a_client_asks_for_reaches_the_prefill_worker(deployment):
+    """X-KV-Fault (how runner=serve's scenarios fault a request): the router puts the fault in the
+    prefill request's kv_transfer_params and the worker injects it, here a 0.5 s delay (the
+    request still ends right); a malformed fault, or one asked of the colocated router, is a 400."""
+    d = deployment
+    prompt = [(11 * i) % 500 + 3 for i in range(50)]  # no other test's: nothing of it cached anywhere
+    body = {"model": d["model"], "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0, "ignore_eos": True}
+    r = httpx.post(d["router"] + "/v1/completions", json=body, timeout=300,
+                   headers={"X-Request-Id": "fault-delay", "X-KV-Fault": json.dumps({"kind": "delay", "delay_s": 0.5})})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["text"] == complete(d["baseline"].url, d["model"], prompt)
+
+    def record(side, tid="fault-delay"):
+        for _ in range(100):
+            found = [r for p in side for r in map(json.loads, (d["run_dir"] / f"{p}-transfers.jsonl").read_text()
+                                                      .splitlines()) if r["transfer_id"] == tid]
+            if found:
+                return found[0]
+            time.sleep(0.1)
+        raise AssertionError(f"no record of {tid} from {side}")
+    sent, received = record(d["prefills"]), record(["decode"])
+    assert sent["fault"] == "delay" and received["error"] is None
+    assert received["t_arrived"] - sent["t_forward_done"] >= 0.5
+    for url, fault in ((d["router"], "{not json"), (d["router"], json.dumps({"kind": "lose"})),
+                       (d["router_colocated"], json.dumps({"kind": "drop"}))):
+        r = httpx.post(url + "/v1/completions", json=body, timeout=60, headers={"X-KV-Fault": fault})
+        assert r.status_code == 400 and "X-KV-Fault" in r.text, r.text
+
+
 def assert_no_block_held(d):
     for inst in (*(d[p] for p in d["prefills"]), d["decode"]):  # every block given back once the requests ended
         for _ in range(50):
@@ -223,8 +253,12 @@ def test_vllm_bench_serve_agrees_with_the_harness_on_the_same_load(deployment, r
     sent while vLLM's ran; measured here over six runs, TPOT ratios 0.98-1.45 and TTFT ratios
     0.56-1.2 (the clients themselves share the 2 cores with the engine), so the test holds a
     factor of 2.5: a check of the definitions (a unit or a chunk-for-token slip is far larger),
-    not of the issue's 10%. scripts/bench_crosscheck.py runs the same on a deployment of its own
-    (on one H200 they agreed within 1.3%); both clients' records are kept in serve-crosscheck/."""
+    not of the issue's 10%. TTFT is held at its 25th percentile, not its median: in one CI run
+    the machine stalled under vLLM's requests more than under the harness's (TTFT medians 218 and
+    41 ms, TPOT medians equal), which says nothing of either definition; a slip in what is timed
+    moves the fastest quarter too (two runs here: p25 ratios 0.64 and 0.69).
+    scripts/bench_crosscheck.py runs the same on a deployment of its own (on one H200 they
+    agreed within 1.3%); both clients' records are kept in serve-crosscheck/."""
     d, out = deployment, results_dir / "serve-crosscheck"
     shutil.rmtree(out, ignore_errors=True)
     # the harness's reference pass goes through the P/D router: other instances, so that the
@@ -234,7 +268,7 @@ def test_vllm_bench_serve_agrees_with_the_harness_on_the_same_load(deployment, r
     assert result["outputs_match"] and result["harness_requests_during"] >= result["vllm_requests"] // 2
     # TPOT: the two clients' requests share every decode step. TTFT: vLLM's client sends text,
     # which the server tokenizes first, the harness's sends token ids
-    assert 1 / 2.5 <= result["tpot_ms_ratio"] <= 2.5 and 1 / 2.5 <= result["ttft_ms_ratio"] <= 2.5, result
+    assert 1 / 2.5 <= result["tpot_ms_ratio"] <= 2.5 and 1 / 2.5 <= result["ttft_ms_p25_ratio"] <= 2.5, result
 
 
 @pytest.mark.engine

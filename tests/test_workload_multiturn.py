@@ -4,6 +4,7 @@ the offline runner's pipeline sends their turns (a fake engine answers)."""
 import json
 
 import pytest
+from omegaconf import OmegaConf
 
 import harness.offline.pipeline
 from harness.offline.pipeline import pipeline
@@ -162,7 +163,10 @@ def test_serving_a_conversation_sends_each_turn_once_the_previous_has_its_answer
     assert [(w.prompts[r.prompt_idx].conversation, w.prompts[r.prompt_idx].turn, r.follows) for r in schedule] == \
         [(0, 0, None), (0, 1, 0), (0, 2, 1), (1, 0, None), (1, 1, 3), (1, 2, 4), (0, 0, None), (0, 1, 6), (0, 2, 7)]
     with pytest.raises(Exception, match="serve.cancel_fraction"):
-        check_serve_workload(LoadSpec(request_rate=1.0, cancel_fraction=0.5), w)
+        check_serve_workload(OmegaConf.create({"scenario": {}}), LoadSpec(request_rate=1.0, cancel_fraction=0.5), w)
+    with pytest.raises(Exception, match="scenario.aborts"):
+        check_serve_workload(OmegaConf.create({"scenario": {"aborts": {"fraction": 0.5, "max_delay_ms": 60}}}),
+                             LoadSpec(request_rate=1.0), w)
     received = []
 
     async def complete(request):

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import torch
 
+from transfer_strategies.kv_transfer_params import FAULT_KINDS
 from transfer_strategies.transport.message import Message, as_bytes
 
-KINDS = ("drop", "delay", "truncate", "flip")
+KINDS = FAULT_KINDS
 WITHHELD = ("drop", "delay")  # faults that keep the messages from leaving on time
 
 

@@ -15,9 +15,10 @@ RECORDS = "records"
 # so that one engine pair serves the real and the corrupted runs
 CORRUPT = "corrupt"
 # a prefill request whose transfer its worker damages or holds back on purpose, {"kind": one of
-# faults.KINDS, "delay_s": for delay}: a scenario's transport fault (faults.py), chosen per request
+# FAULT_KINDS, "delay_s": for delay}: a scenario's transport fault (faults.py), chosen per request
 # by the harness, so that one engine pair serves the real and the faulted runs
 FAULT = "fault"
+FAULT_KINDS = ("drop", "delay", "truncate", "flip")
 
 
 def push_params(transfer_id: str, early: bool = False, records: str | None = None, corrupt: bool = False,

@@ -39,7 +39,11 @@ from pathlib import Path
 #      not the decode engine's own prefix-cache hits; a transfer that wrote nothing has none to judge
 #   9: digests off the engines' steps: t_kv_checked is when they were launched on the device,
 #      digest_ms their own time (the device's, then the hex), no longer the step's
-SCHEMA_VERSION = 10
+#  10: engines kept between the runs of one process: summary.json's engines_reused and
+#      engine_logs; each request names its run's records file (kv_transfer_params' records)
+#  11: runner=serve runs the fault and abort scenarios: its rows gain fault and aborted, its
+#      summary faults_injected, faults_caught and faults_missed
+SCHEMA_VERSION = 11
 UNVERSIONED = 1  # what a row without schema_version is
 
 

@@ -19,6 +19,7 @@ from harness.engine_process import EngineDied, EngineProcess, wait_ready
 from harness.offline.engine_pool import EnginePool, engine_key
 from harness.offline.pipeline import Abort, pipeline
 from harness.records import write_json
+from harness.scenario import fault_for
 from harness.transfers import TransferStats
 from harness.workload import Prompt, Workload
 from transfer_strategies.kv_transfer_params import push_params
@@ -49,16 +50,6 @@ def sampling_params(cfg: DictConfig, max_tokens: int, kv_transfer_params: dict |
     if kv_transfer_params is not None:
         sp["extra_args"] = {"kv_transfer_params": kv_transfer_params}
     return sp
-
-
-def fault_for(cfg: DictConfig, p: Prompt) -> dict | None:
-    """The transport fault of a scenario (scenario.fault) that prompt p's transfer carries: every
-    `every`-th prompt of the measured pass (indices every-1, 2*every-1, ...; the warm-up's none),
-    so the same prompts are faulted however the requests interleave."""
-    fault = cfg.scenario.get("fault")
-    if not fault or p.index < 0 or (p.index + 1) % fault.get("every", 2):
-        return None
-    return {"kind": fault.kind, "delay_s": float(fault.get("delay_s") or cfg.run.transfer_timeout_s + 2)}
 
 
 def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_result: dict | None,

@@ -72,6 +72,20 @@ class ServingDeployment:
                 kv_args = {"kv_transfer_config": kv[name]} if name in kv else {}
                 self.servers[name] = vllm_instance(name, {**engine_args(cfg, device, role), **kv_args}, env,
                                                    run_dir / f"{name}.log")
+        self.urls: dict[str, str] = {}  # once started: the routers'
+
+    def start(self, timeout_s: float) -> None:
+        if self.external:
+            return
+        instances = list(self.servers.values())
+        for s in instances:
+            s.start()
+        self.write_pids()
+        deadline = time.monotonic() + timeout_s
+        for s in instances:
+            s.wait_healthy(max(deadline - time.monotonic(), 1.0))
+        # the routers once the instances' ports are theirs (an instance whose port was taken has another)
+        cfg, s = self.cfg, self.cfg.serve
         hang_s = max(cfg.run.request_timeout_s, cfg.run.startup_timeout_s)
         handoff = ["--handoff", "pull" if pulls(cfg.strategy) else "push", "--decode-submit", decode_submit(cfg),
                    # the client holds requests to run.request_timeout_s; the router only drops upstreams
@@ -80,25 +94,14 @@ class ServingDeployment:
                    *(["--stream-prefill-token"] if s.stream_prefill_token else []),
                    *(["--corrupt"] if cfg.check.corrupt else [])]
         self.servers["baseline_router"] = router_process(
-            "baseline_router", [], [self.servers[b].url for b in self.baseline_names], run_dir / "baseline_router.log",
-            "--policy", s.policy, "--timeout-s", str(hang_s))
+            "baseline_router", [], [self.servers[b].url for b in self.baseline_names],
+            self.run_dir / "baseline_router.log", "--policy", s.policy, "--timeout-s", str(hang_s))
         self.servers["router"] = router_process(
             "router", [self.servers[p].url for p in self.prefill_names],
-            [self.servers[d].url for d in self.decode_names], run_dir / "router.log", *handoff)
-        self.urls = {"baseline": self.servers["baseline_router"].url, "disagg": self.servers["router"].url}
-
-    def start(self, timeout_s: float) -> None:
-        if self.external:
-            return
-        instances = [s for n, s in self.servers.items() if "router" not in n]
-        for s in instances:
-            s.start()
-        self.write_pids()
-        deadline = time.monotonic() + timeout_s
-        for s in instances:
-            s.wait_healthy(max(deadline - time.monotonic(), 1.0))
+            [self.servers[d].url for d in self.decode_names], self.run_dir / "router.log", *handoff)
         for name in ("baseline_router", "router"):
             self.servers[name].start().wait_healthy(60)
+        self.urls = {"baseline": self.servers["baseline_router"].url, "disagg": self.servers["router"].url}
         self.write_pids()
 
     def write_pids(self) -> None:

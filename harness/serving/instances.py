@@ -25,6 +25,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from harness import process_group
@@ -62,26 +63,49 @@ class InstanceDied(RuntimeError):
 
 
 class ServerProcess:
-    """One HTTP server (`cmd` listens on `port`, answers GET /health) in a process group of its own."""
+    """One HTTP server (`command(port)` listens on the port, answers GET /health) in a process
+    group of its own. Its port is picked when it starts, and picked again if another process took
+    it before the server could bind it (a free port is only free until someone binds it: the
+    engines started beside it bind ports of their own)."""
 
-    def __init__(self, name: str, cmd: list[str], env: dict, log_path: Path, port: int):
-        self.name, self.cmd, self.port = name, cmd, port
+    START_ATTEMPTS = 3
+
+    def __init__(self, name: str, command: Callable[[int], list[str]], env: dict, log_path: Path):
+        self.name, self.command = name, command
+        self.port: int | None = None
+        self.cmd: list[str] = []
         self.env = {**os.environ, **env}
         self.log_path = Path(log_path)
         self.proc: subprocess.Popen | None = None
+        self._log_from = 0  # where this start's lines begin in the log
+        self._attempts = 0
 
     @property
     def url(self) -> str:
+        if self.port is None:
+            raise RuntimeError(f"{self.name} has no URL before it starts")
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> ServerProcess:
+        self.port = free_port()
+        self.cmd = self.command(self.port)
+        self._attempts += 1
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
+            self._log_from = log.tell()
             log.write(f"$ {' '.join(self.cmd)}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=self.env, preexec_fn=_die_with_parent)
         return self
+
+    def _lost_its_port(self) -> bool:
+        """This start ended because its port was taken (EADDRINUSE), with another start left."""
+        if self._attempts >= self.START_ATTEMPTS or not self.log_path.exists():
+            return False
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_from)
+            return b"address already in use" in log.read().lower()
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -104,7 +128,10 @@ class ServerProcess:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if not self.alive():
-                raise InstanceDied(self.failure_message())
+                if not self._lost_its_port():
+                    raise InstanceDied(self.failure_message())
+                self.stop(grace_s=1)
+                self.start()
             if self.healthy():
                 return
             time.sleep(0.5)
@@ -151,8 +178,7 @@ class ServerProcess:
 
 
 def vllm_instance(name: str, args: dict, env: dict, log_path: Path) -> ServerProcess:
-    port = free_port()
-    server = ServerProcess(name, serve_command(args, port), env, log_path, port)
+    server = ServerProcess(name, lambda port: serve_command(args, port), env, log_path)
     server.env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the API server needs its engine core process
     return server
 
@@ -160,13 +186,9 @@ def vllm_instance(name: str, args: dict, env: dict, log_path: Path) -> ServerPro
 def router_process(name: str, prefill: list[str], decode: list[str], log_path: Path, *options: str) -> ServerProcess:
     """`python -m harness.router` in front of the instances at these URLs (no prefill: a plain
     load balancer over `decode`, for colocated instances)."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "harness.router", "--port", str(port), *options]
-    for url in prefill:
-        cmd += ["--prefill", url]
-    for url in decode:
-        cmd += ["--decode", url]
-    return ServerProcess(name, cmd, {"PYTHONPATH": str(PROJECT_ROOT)}, log_path, port)
+    upstream = [a for url in prefill for a in ("--prefill", url)] + [a for url in decode for a in ("--decode", url)]
+    return ServerProcess(name, lambda port: [sys.executable, "-m", "harness.router", "--port", str(port), *options,
+                                             *upstream], {"PYTHONPATH": str(PROJECT_ROOT)}, log_path)
 
 
 @contextlib.contextmanager

@@ -10,7 +10,9 @@ or constant gaps; rate inf sends everything at once. A maximum concurrency holds
 until one in flight ends. A request that follows another (a conversation's next turn) is sent
 once that one has ended, whatever its own arrival time. Requests are streamed (/v1/completions
 with token ids in and out), so the client measures TTFT and every inter-token gap itself, as a
-user's client would.
+user's client would. A scenario's requests may carry a transport fault (the X-KV-Fault header,
+which the project's router passes on) or be abandoned by the client at a set time (an abort: the
+router aborts them upstream).
 """
 
 from __future__ import annotations
@@ -76,6 +78,8 @@ class ScheduledRequest:
     # the request (by index) that must have ended before this one is sent: its conversation's
     # previous turn, whose answer its prompt continues (token_ids then come at sending: send_all)
     follows: int | None = None
+    fault: dict | None = None  # a scenario's transport fault for its transfer (harness/scenario.py fault_for)
+    abort_after_s: float | None = None  # a scenario's abort: the client goes away this long after sending
 
 
 def arrival_schedule(spec: LoadSpec, prompts: list[list[int]]) -> list[ScheduledRequest]:
@@ -127,8 +131,10 @@ class ClientResult:
     logprobs: list[float] = field(default_factory=list)
     top_ids: list[list[int]] = field(default_factory=list)  # each position's top-k token ids, best first
     transfer_id: str | None = None
-    status: str = "ok"  # ok | failed | cancelled
+    status: str = "ok"  # ok | failed | cancelled (cancel or abort: the client went away)
     error: str | None = None
+    fault: str | None = None  # the kind of transport fault the request asked for
+    aborted: bool = False  # abandoned at its abort_after_s, before it ended
 
 
 def top_ids(top_logprobs: dict[str, float] | None) -> list[int]:
@@ -147,11 +153,28 @@ async def send_one(session: aiohttp.ClientSession, url: str, model: str, req: Sc
     body = {"model": model, "prompt": req.token_ids, "max_tokens": max_tokens, "temperature": 0.0,
             "ignore_eos": True, "stream": True, "logprobs": logprobs, "return_token_ids": True,
             "return_tokens_as_token_ids": True}
-    res = ClientResult(req.index, req.prompt_idx, len(req.token_ids), req.arrival_s, time.monotonic() - t_start)
+    res = ClientResult(req.index, req.prompt_idx, len(req.token_ids), req.arrival_s, time.monotonic() - t_start,
+                       fault=(req.fault or {}).get("kind"))
+    headers = {"X-Request-Id": request_id, "X-Router-Marks": "1"}  # marks: the project's router's, on P/D
+    if req.fault:
+        headers["X-KV-Fault"] = json.dumps(req.fault)
+    exchange = asyncio.ensure_future(_exchange(session, url + "/v1/completions", body, headers, req, max_tokens, res))
+    done, _ = await asyncio.wait({exchange}, timeout=req.abort_after_s)
+    if not done:  # leaving the request's context closes the connection: the router aborts upstream
+        exchange.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await exchange
+        res.status, res.aborted = "cancelled", True
+        return res
+    return exchange.result()
+
+
+async def _exchange(session: aiohttp.ClientSession, url: str, body: dict, headers: dict, req: ScheduledRequest,
+                    max_tokens: int, res: ClientResult) -> ClientResult:
+    """The request's stream into res, as it comes."""
     t0 = time.monotonic()
     try:
-        headers = {"X-Request-Id": request_id, "X-Router-Marks": "1"}  # marks: the project's router's, on P/D
-        async with session.post(url + "/v1/completions", json=body, headers=headers) as r:
+        async with session.post(url, json=body, headers=headers) as r:
             res.transfer_id = r.headers.get("X-Transfer-Id")
             if r.status != 200:
                 res.status, res.error = "failed", f"HTTP {r.status}: {(await r.text())[:300]}"

@@ -22,7 +22,10 @@ requests are closed, which aborts them in vLLM.
 the prefill answered, so that the client's TTFT is the prefill's; the decode instance computes
 the same token again (greedy), and the router drops that duplicate from its stream (a decode
 token that differs ends the stream with an error event: the two instances disagree).
-A client that sends `X-Router-Marks: 1` gets SSE comments (which clients skip) in a streamed
+A client that sends `X-KV-Fault: {"kind": "drop", ...}` (a push handoff) has that transport fault
+injected into its request's transfer (the prefill request's kv_transfer_params carry it, as the
+offline runner's do): the harness's fault scenarios under runner=serve. A client that sends
+`X-Router-Marks: 1` gets SSE comments (which clients skip) in a streamed
 P/D answer when the prefill's answer came (`: prefill-token`) and before the decode instance's
 first token (`: decode-token`): the harness records both times.
 """
@@ -39,10 +42,24 @@ import uuid
 import aiohttp
 from aiohttp import web
 
-from transfer_strategies.kv_transfer_params import push_params
+from transfer_strategies.kv_transfer_params import FAULT_KINDS, push_params
 
 POLICIES = ("round_robin", "least_outstanding")
 MARKS = "X-Router-Marks"
+FAULT_HEADER = "X-KV-Fault"
+
+
+def fault_header(value: str) -> dict:
+    """The transport fault a request's X-KV-Fault header asks for ({"kind": one of FAULT_KINDS,
+    "delay_s": for delay}), or 400."""
+    try:
+        fault = json.loads(value)
+    except json.JSONDecodeError:
+        fault = None
+    if not isinstance(fault, dict) or fault.get("kind") not in FAULT_KINDS:
+        raise web.HTTPBadRequest(text=f"{FAULT_HEADER} must be a JSON object with a kind among "
+                                      f"{', '.join(FAULT_KINDS)}, got {value[:200]!r}")
+    return fault
 
 
 def sse(data: dict) -> bytes:
@@ -123,8 +140,8 @@ class Router:
         self.session: aiohttp.ClientSession | None = None
 
     # ------------------------------------------------------------ the two requests
-    def prefill_body(self, body: dict, transfer_id: str) -> dict:
-        params = {"do_remote_decode": True} if self.handoff == "pull" else push_params(transfer_id)
+    def prefill_body(self, body: dict, transfer_id: str, fault: dict | None = None) -> dict:
+        params = {"do_remote_decode": True} if self.handoff == "pull" else push_params(transfer_id, fault=fault)
         out = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": params}
         out.pop("stream_options", None)
         out.pop("max_completion_tokens", None)
@@ -153,19 +170,26 @@ class Router:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         transfer_id = request.headers.get("X-Request-Id") or f"router-{uuid.uuid4().hex}"
+        fault = None
+        if FAULT_HEADER in request.headers:
+            if self.prefill is None or self.handoff == "pull":
+                raise web.HTTPBadRequest(text=f"{FAULT_HEADER}: faults are injected by this project's connectors "
+                                              f"between prefill and decode instances (a push handoff)")
+            fault = fault_header(request.headers[FAULT_HEADER])
         d_url = self.decode.pick()
         try:
             if self.prefill is None:  # colocated: one instance does both
                 return await self._relay_decode(request, d_url, body, transfer_id)
             p_url = self.prefill.pick()
             try:
-                return await self._disagg(request, body, transfer_id, p_url, d_url)
+                return await self._disagg(request, body, transfer_id, p_url, d_url, fault)
             finally:
                 self.prefill.done(p_url)
         finally:
             self.decode.done(d_url)
 
-    async def _disagg(self, request: web.Request, body: dict, transfer_id: str, p_url: str, d_url: str):
+    async def _disagg(self, request: web.Request, body: dict, transfer_id: str, p_url: str, d_url: str,
+                      fault: dict | None = None):
         stream = bool(body.get("stream"))
         marks, first = stream and request.headers.get(MARKS) == "1", stream and self.stream_prefill_token
         out = None
@@ -175,7 +199,7 @@ class Router:
             await out.prepare(request)
 
         async def prefill_and_tell() -> dict:
-            answer = await self._prefill(p_url, request.path, self.prefill_body(body, transfer_id))
+            answer = await self._prefill(p_url, request.path, self.prefill_body(body, transfer_id, fault))
             if marks:
                 await out.write(b": prefill-token\n\n")
             if first:

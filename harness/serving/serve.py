@@ -23,8 +23,10 @@ digest or transfer failure, KV left held), 2 bad input, 3 an instance died, 130 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 import queue
+import random
 import sys
 import threading
 import time
@@ -39,6 +41,7 @@ from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.compare import compare_outputs
 from harness.engine_config import pulls
 from harness.records import JsonlWriter, ended_early, versions, write_json
+from harness.scenario import fault_for
 from harness.schema import ServeRow
 from harness.serving.deployment import ServingDeployment
 from harness.serving.instances import InstanceDied
@@ -61,9 +64,9 @@ def check_serve_inputs(cfg: DictConfig) -> None:
         v = cfg.slo.get(key)
         if v is not None and not v > 0:
             raise LoadError(f"slo.{key} must be > 0 (null: no limit), got {v}")
-    if cfg.scenario.get("fault") or cfg.scenario.get("aborts"):
-        raise LoadError(f"scenario={cfg.scenario.name}: the fault and abort scenarios run with runner=offline, which "
-                        f"judges each such request apart; runner=serve does not yet (it has serve.cancel_fraction)")
+    if (cfg.scenario.get("fault") or cfg.scenario.get("aborts")) and cfg.serve.endpoints.disagg is not None:
+        raise LoadError(f"scenario={cfg.scenario.name}: a fault or abort scenario is judged from the transfer records "
+                        f"of instances the harness starts; serve.endpoints has none")
     for side in ("baseline", "prefill", "decode"):
         n = cfg.serve[f"{side}_instances"]
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -105,10 +108,27 @@ def request_schedule(spec: LoadSpec, workload: Workload) -> list[ScheduledReques
     return schedule
 
 
-def check_serve_workload(spec: LoadSpec, workload: Workload) -> None:
-    if spec.cancel_fraction and any(p.follows is not None for p in workload.prompts):
-        raise LoadError(f"serve.cancel_fraction={spec.cancel_fraction} with workload {workload.name!r}: a cancelled "
-                        f"turn has no answer for its conversation's next turn to continue; use 0")
+def check_serve_workload(cfg: DictConfig, spec: LoadSpec, workload: Workload) -> None:
+    if any(p.follows is not None for p in workload.prompts):
+        abandoning = {"serve.cancel_fraction": spec.cancel_fraction, "scenario.aborts": cfg.scenario.get("aborts")}
+        for name, on in abandoning.items():
+            if on:
+                raise LoadError(f"{name} with workload {workload.name!r}: a cancelled turn has no answer for its "
+                                f"conversation's next turn to continue")
+
+
+def scenario_schedule(cfg: DictConfig, schedule: list[ScheduledRequest], workload: Workload
+                      ) -> list[ScheduledRequest]:
+    """The P/D path's schedule with the scenario's faults and aborts: the transfer of every request
+    of a faulted prompt (harness/scenario.py fault_for, as offline) carries the fault; a share of the
+    requests (scenario.aborts.fraction, seeded by serve.seed) is abandoned by the client at a
+    random time in its first max_delay_ms, during its prefill, its transfer or its decode."""
+    aborts = cfg.scenario.get("aborts")
+    rng = random.Random(cfg.serve.seed)
+    chosen = set(rng.sample(range(len(schedule)), round(aborts.fraction * len(schedule)))) if aborts else set()
+    return [dataclasses.replace(r, fault=fault_for(cfg, workload.prompts[r.prompt_idx]),
+                                abort_after_s=rng.uniform(0, aborts.max_delay_ms / 1e3) if r.index in chosen else None)
+            for r in schedule]
 
 
 def served_model(cfg: DictConfig) -> str:
@@ -157,13 +177,14 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, ba
         transfer_ms=(send.gpu_ms if send and send.gpu_ms is not None else (recv.transfer_ms if recv else None)),
         kv_ms=kv_ms, decode_computed_tokens=computed["decode_computed_tokens"],
         decode_preemptions=computed["decode_preemptions"], kv_recomputed=computed["kv_recomputed"],
-        token_ids=r.token_ids).to_dict()
+        token_ids=r.token_ids, fault=r.fault, aborted="client" if r.aborted else None).to_dict()
 
 
 class RowWriter:
     """Writes each request's row as soon as it ends, so that a run stopped halfway keeps what it
     measured. A thread of its own: a P/D row waits (up to wait_s) for its transfer records,
-    which the workers append a moment after the client has its answer."""
+    which the workers append a moment after the client has its answer (a faulted request's
+    even when it failed: they say why)."""
 
     def __init__(self, out: JsonlWriter, make_row, stats: TransferStats | None, wait_s: float = 5.0):
         self.out, self.make_row, self.stats, self.wait_s = out, make_row, stats, wait_s
@@ -177,7 +198,7 @@ class RowWriter:
 
     def _loop(self) -> None:
         while (r := self.queue.get()) is not None:
-            if self.stats is not None and r.transfer_id and r.status == "ok":
+            if self.stats is not None and r.transfer_id and (r.status == "ok" or r.fault):
                 deadline = time.monotonic() + self.wait_s
                 while not self.stats.has_both(r.transfer_id) and time.monotonic() < deadline \
                         and not self.abandon.is_set():
@@ -198,7 +219,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     try:
         check_serve_inputs(cfg)
         device, workload = checked_inputs(cfg)
-        check_serve_workload(load_spec(cfg), workload)
+        check_serve_workload(cfg, load_spec(cfg), workload)
     except (ConfigError, WorkloadError, LoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         write_json(run_dir / "summary.json", {"status": "bad_input", "error": str(e), "run_id": run_id})
@@ -264,7 +285,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                 put(r)
             t0 = time.monotonic()
             try:
-                results = load(path, deployment.urls[target], schedule, on_result=on_result)
+                results = load(path, deployment.urls[target], schedule if path != "disagg" else
+                               scenario_schedule(cfg, schedule, workload), on_result=on_result)
             finally:
                 writer.close(abandon=sys.exc_info()[0] is not None)
             timings[f"{path}_s"] = time.monotonic() - t0

@@ -13,7 +13,10 @@ greedy decoding's own noise under this load); a mismatch fails the run only when
 has more mismatches than the baseline has with itself, not counting near ties (harness/compare.py).
 Digest failures, transfer errors and KV left held fail it always, as does a request that failed
 for any reason but its time limit (run.request_timeout_s: a timed-out request is counted,
-`timed_out`, and misses the SLOs). The status follows the offline runner's rules (harness/verdict.py).
+`timed_out`, and misses the SLOs). A scenario's requests are judged apart, as offline: each
+faulted transfer must have been caught (its request failed with a reason, or was recomputed to
+the right output), and an aborted request may end anyhow but leave nothing held. The status
+follows the offline runner's rules (harness/verdict.py).
 """
 
 from __future__ import annotations
@@ -22,7 +25,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from harness.records import prefix_hit_lines, prefix_hits, read_jsonl, recompute_counts
+from harness.records import (
+    fault_counts,
+    given,
+    prefix_hit_lines,
+    prefix_hits,
+    read_jsonl,
+    recompute_counts,
+    scenario_lines,
+)
 from harness.schema import SCHEMA_VERSION
 from harness.serving.load import TIMED_OUT
 from harness.stats import Column, format_table, format_value, p50_with_interval, percentile
@@ -85,7 +96,7 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
                  "slo": {"ttft_ms": cfg.slo.ttft_ms, "tpot_ms": cfg.slo.tpot_ms}}
     out.update(path_stats(disagg))
     out.update(path_stats(base, "base_"))
-    compared = [r for r in disagg if r["match"] is not None]
+    compared = [r for r in disagg if r["match"] is not None and not given(r.get("fault"))]
     self_compared = [r for r in repeat if r["match"] is not None]
     out["match_rate"] = sum(r["match"] for r in compared) / len(compared) if compared else None
     out["mismatches"] = sum(not r["match"] for r in compared)
@@ -93,8 +104,9 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
     out["baseline_self_match_rate"] = (sum(r["match"] for r in self_compared) / len(self_compared)
                                        if self_compared else None)
     out["baseline_self_mismatches"] = sum(not r["match"] for r in self_compared)
-    # a request the client abandoned on purpose may leave its transfer unfinished: not a failure
-    kept = [r for r in disagg if r["status"] != "cancelled"]
+    # a request the client abandoned on purpose may leave its transfer unfinished: not a failure;
+    # a faulted one is judged by fault_counts
+    kept = [r for r in disagg if r["status"] != "cancelled" and not given(r.get("fault"))]
     checked = [r for r in kept if r["digest_match"] is not None]
     out["digest_checked"] = len(checked)
     out["digest_failures"] = sum(not r["digest_match"] for r in checked)
@@ -102,16 +114,21 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
     out.update(recompute_counts(kept))
     out["total_bytes"] = sum(r.get("bytes") or 0 for r in kept)
     out.update(prefix_hits(kept))
+    out.update({"faults_injected": 0, "faults_caught": 0, "faults_missed": 0,
+                **fault_counts([r for r in disagg if r["status"] != "cancelled"])})
+    out["aborted"] = sum(given(r.get("aborted")) for r in disagg)
     out["kv_cache_usage_at_end"] = kv_usage
     out["timings"] = timings
     code = {"ok": 0, "engine_failed": 3, "interrupted": 130}.get(status, 1)
     if status == "ok":
-        broken = [r for r in base_rows + disagg if r["status"] == "failed" and r["error"] != TIMED_OUT]
+        broken = [r for r in base_rows + disagg
+                  if r["status"] == "failed" and r["error"] != TIMED_OUT and not given(r.get("fault"))]
         # a timeout is a latency outcome (it counts against the SLOs); any other failure is a fault
         status, error = judge(out, noise=out["baseline_self_mismatches"] if repeat else 0,
                               expect_recompute=bool(cfg.get("scenario", {}).get("expect_recompute")),
                               first_transfer_error=next((r["transfer_error"] for r in kept if r["transfer_error"]),
                                                         None),
+                              faults=(out.get("faults_missed") or 0, out.get("faults_injected") or 0),
                               held={n: u for n, u in kv_usage.items() if u},
                               failed_requests=[f"{r['path']} #{r['request_idx']}: {r['error']}" for r in broken])
         code = 0 if status == "ok" else 1
@@ -143,4 +160,5 @@ def format_serve_summary(s: dict) -> str:
         f"({s.get('mismatches')} differ, {s.get('near_ties', 0)} of them at a near tie); "
         f"the baseline matches itself {f(s.get('baseline_self_match_rate'), '.3f')} "
         f"({s.get('baseline_self_mismatches')} differ); digest failures {s.get('digest_failures')}/"
-        f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}", *prefix_hit_lines(s)])
+        f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}", *prefix_hit_lines(s),
+        *scenario_lines(s), *([f"aborted by the client at a random time: {s['aborted']}"] if s.get("aborted") else [])])
