@@ -138,7 +138,8 @@ def assert_nothing_held(scheduler: Scheduler) -> None:
     assert free_blocks(scheduler) == usable_blocks(scheduler)
     assert all(b.ref_cnt == 0 for b in scheduler.kv_cache_manager.block_pool.blocks[1:])
     tracker = scheduler.connector.scheduler
-    assert (tracker._computed, tracker._sends, tracker._local_hits, tracker._parked) == ({}, {}, {}, set())
+    assert (tracker._computed, tracker._sends, tracker._local_hits, tracker._parked, tracker._expired) == \
+        ({}, {}, {}, {}, set())
 
 
 def record_matches(scheduler: Scheduler) -> list[tuple[str, int, tuple]]:

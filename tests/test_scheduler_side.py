@@ -2,6 +2,7 @@
 each request moves, and in which step, for whole and chunked prefills, preemption and decode
 prefix-cache hits."""
 
+import time
 from types import SimpleNamespace as NS
 
 from transfer_strategies.scheduler import RequestTracker
@@ -119,6 +120,23 @@ def test_a_request_finished_while_parked_is_cancelled_for_the_worker():
     t.finished(r)  # aborted, or failed by vLLM's kv_load_failure_policy
     assert t.step_metadata(step()).cancelled == ["a"]
     assert t.step_metadata(step()).cancelled == []
+
+
+def test_a_request_parked_past_the_timeout_is_listed_expired_once_for_every_worker():
+    """The timeout is the scheduler side's clock: one step's metadata lists the request as expired
+    to every worker at once (under TP, a worker failing it alone left vLLM waiting for the others'
+    report, which an idle engine never asked for: a block held after the last request)."""
+    t = RequestTracker(is_producer=False, block_size=BLOCK, timeout_s=0.05)
+    r = early("a", prompt_len=10)
+    t.matched_tokens(r, 0)
+    t.allocated(r, NS(get_block_ids=lambda: ([4, 8, 2],)), num_external_tokens=9)
+    assert t.step_metadata(step()).expired == []
+    time.sleep(0.06)
+    assert t.step_metadata(step()).expired == ["a"]
+    assert t.step_metadata(step()).expired == []  # once
+    t.finished(r)  # failed by vLLM once the workers reported its blocks
+    meta = t.step_metadata(step())
+    assert meta.cancelled == ["a"] and meta.expired == [] and t._parked == {} and t._expired == set()
 
 
 class Recorded(list):

@@ -81,8 +81,10 @@ class TransferConnector(KVConnectorBase_V1):
         # one part per role, as vLLM's own connectors split them
         self.scheduler = self.worker = None
         if role == KVConnectorRole.SCHEDULER:
-            stats_path = (extra.get("harness") or {}).get("stats_path")
-            self.scheduler = RequestTracker(self.is_producer, self.block_size, RecordWriters(stats_path, compute_path))
+            harness = extra.get("harness") or {}
+            self.scheduler = RequestTracker(self.is_producer, self.block_size,
+                                            RecordWriters(harness.get("stats_path"), compute_path),
+                                            timeout_s=float(harness.get("timeout_s", 300)))
         else:
             self.worker = TransferWorker(type(self).__name__, self.is_producer, dict(extra.get("harness") or {}),
                                          dict(extra.get("transport") or {}))

@@ -85,6 +85,9 @@ class TransferMetadata(KVConnectorMetadata):
     parked: list[TransferRequest] = field(default_factory=list)  # decode: load when the KV has arrived
     drains: list[TransferRequest] = field(default_factory=list)  # decode: nothing to load; take the message
     cancelled: list[str] = field(default_factory=list)  # decode: req ids finished while parked
+    # decode: parked req ids whose KV did not come within the timeout (the scheduler side's clock,
+    # so that every worker of a tensor-parallel engine fails a request in the same step)
+    expired: list[str] = field(default_factory=list)
     # decode: transfer ids of requests that finished before vLLM admitted them (aborted while waiting):
     # their KV is released whenever it comes, so the sender's staging space comes back
     dropped: list[str] = field(default_factory=list)
@@ -118,16 +121,20 @@ class RequestTracker:
     """The scheduler side's state: prefill requests whose KV has not left yet, and decode
     requests whose blocks were allocated since the last step or that wait for their KV."""
 
-    def __init__(self, is_producer: bool, block_size: int, records: RecordWriters | None = None):
+    def __init__(self, is_producer: bool, block_size: int, records: RecordWriters | None = None,
+                 timeout_s: float = 300.0):
         self.is_producer = is_producer
         self.block_size = block_size
+        self.timeout_s = timeout_s  # decode: how long a parked request waits for its KV
         # where each request's ComputeRecord goes when vLLM frees it
         self.records = records if records is not None else RecordWriters(None)
         self._computed: dict[str, ComputeRecord] = {}  # req_id -> its counts so far (requests with a transfer id)
         self._sends: dict[str, TransferRequest] = {}  # prefill: req_id -> blocks so far
         self._local_hits: dict[str, int] = {}  # decode: req_id -> tokens its prefix cache held
         self._next = TransferMetadata()  # decode: loads, parked, drains and cancels for the next step
-        self._parked: set[str] = set()  # decode: req ids vLLM holds until the worker has loaded them
+        # decode: req ids vLLM holds until the workers have loaded them -> when they were parked
+        self._parked: dict[str, float] = {}
+        self._expired: set[str] = set()  # decode: parked req ids already listed as expired
 
     def matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
         if self.is_producer or transfer_id_of(request) is None:
@@ -167,7 +174,7 @@ class RequestTracker:
             self._next.loads.append(req)
         elif num_external_tokens > 0:  # vLLM parks it only then
             self._next.parked.append(req)
-            self._parked.add(request.request_id)
+            self._parked[request.request_id] = now
         else:
             self._next.drains.append(req)
 
@@ -203,9 +210,13 @@ class RequestTracker:
         for req in meta.loads + meta.drains:  # scheduled in this step
             meta.scheduled[req.req_id] = now
         for new in scheduler_output.scheduled_new_reqs:  # a parked request's first scheduled step
-            if new.req_id in self._parked:
-                self._parked.discard(new.req_id)
+            if self._parked.pop(new.req_id, None) is not None:
+                self._expired.discard(new.req_id)
                 meta.scheduled[new.req_id] = now
+        # vLLM steps while a request is parked, so each is judged here once its time is up
+        meta.expired = [rid for rid, since in self._parked.items()
+                        if now - since > self.timeout_s and rid not in self._expired]
+        self._expired.update(meta.expired)
         return meta
 
     def _ready_sends(self, out) -> list[TransferRequest]:
@@ -246,6 +257,6 @@ class RequestTracker:
         never_admitted = account is None or not account.admissions  # (vLLM may have asked, matched_tokens)
         if never_admitted and tid is not None and not self.is_producer:  # its KV may still come
             self._next.dropped.append(tid)
-        if request.request_id in self._parked:  # aborted (or failed) before its KV was loaded
-            self._parked.discard(request.request_id)
+        if self._parked.pop(request.request_id, None) is not None:  # aborted (or failed) before its KV was loaded
+            self._expired.discard(request.request_id)
             self._next.cancelled.append(request.request_id)

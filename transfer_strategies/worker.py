@@ -6,7 +6,8 @@ one and hands the strategy its short API on top.
 On the decode side it also holds the requests vLLM parked until their KV arrives (early
 submission, see scheduler.py; parking.py keeps them): each step it says which have arrived
 (`arrived`), the facade runs the strategy's `receive` for them, and `finished_receiving` tells
-vLLM which to release. A parked request whose KV has not come within timeout_s fails: its blocks
+vLLM which to release. A parked request whose KV has not come within timeout_s (the scheduler
+side's clock: it lists the request as expired, to every worker in the same step) fails: its blocks
 are reported to vLLM as not loaded (`load_errors`), so vLLM's kv_load_failure_policy decides
 (fail the request, or recompute it), and its record says why.
 """
@@ -49,7 +50,7 @@ class TransferWorker:
         self.channel = None
         self.timeout_s = float(harness.get("timeout_s", 300))
         self.checksums = bool(harness.get("checksums", False))  # each message's payload checksum in its header
-        self.parking = ParkedRequests(self.timeout_s)  # decode, early submission
+        self.parking = ParkedRequests()  # decode, early submission
         self._scheduled_at: dict[str, float] = {}  # req id -> when its first decode step was scheduled
         # receive records waiting for that stamp, with their digests and file
         self._unwritten: dict[str, tuple[TransferRecordWriter, TransferRecord, PendingDigests | None]] = {}
@@ -170,6 +171,12 @@ class TransferWorker:
                 self._write_receive(*self._unwritten.pop(rid), rid)
         for tid in meta.dropped:
             self._drop(tid)
+        for rid in meta.expired:  # every worker in this step: vLLM hears of the failure from all at once
+            req = self.parking.expire(rid)
+            if req is not None:
+                self._drop(req.transfer_id)
+                self._record(req, "receive", error=f"no KV arrived for transfer {req.transfer_id} within "
+                                                    f"{self.timeout_s:.0f} s", t_admitted=req.t_admitted)
         self.parking.scheduled(meta.scheduled)
         if self.writers.any:  # read only by the records (a stamp nothing pops would stay)
             self._scheduled_at.update(meta.scheduled)
@@ -177,14 +184,8 @@ class TransferWorker:
             self._write_receive(*self._unwritten.pop(rid), rid)
 
     def arrived(self, idle: bool) -> list[TransferRequest]:
-        """Parked or draining requests whose messages have all arrived (the facade receives
-        them now); parked requests past the timeout fail here."""
-        arrived, expired = self.parking.poll(self.channel, idle)
-        for req in expired:
-            self._drop(req.transfer_id)
-            self._record(req, "receive", error=f"no KV arrived for transfer {req.transfer_id} within "
-                                                f"{self.timeout_s:.0f} s", t_admitted=req.t_admitted)
-        return arrived
+        """Parked requests whose messages have all arrived (the facade receives them now)."""
+        return self.parking.poll(self.channel, idle)
 
     def _drop(self, transfer_id: str) -> None:
         """The KV of a request that no longer wants it is released when (if) it comes."""
