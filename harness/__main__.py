@@ -9,12 +9,12 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from harness import resolvers
 from harness.records import PROJECT_ROOT
 
-# Results and model paths hang off the project root, never off the current directory.
-OmegaConf.register_new_resolver("project_root", lambda: str(PROJECT_ROOT), replace=True)
+resolvers.register()
 
 
 # An absolute path: relative ones resolve against the calling module, which for the console

@@ -5,6 +5,7 @@ A failure here is bad input: one line, exit 2, nothing started.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import logging
@@ -14,7 +15,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from harness.workload import Workload, build_workload
-from transfer_strategies.kv_transfer_params import FAULT_KINDS
+from transfer_strategies.connector_config import ContractError, HarnessSettings, NoParams, TransportSettings, parse
+from transfer_strategies.kv_transfer_params import CORRUPT, FAULT, FAULT_KINDS, RECORDS
 
 
 class ConfigError(ValueError):
@@ -57,13 +59,34 @@ def resolve_device(cfg: DictConfig) -> str:
     return kind
 
 
-# Harness and transport settings have their own keys now; a strategy param of the same name
-# would reach the strategy only, silently.
-NOT_STRATEGY_PARAMS = {"verify": "check.digests", "corrupt": "check.corrupt", "checksums": "check.checksums",
-                       "fault": "scenario.fault", "transport": "transport=staged|gloo",
-                       "staging_mb": "transport.staging_mb", "timeout_s": "run.transfer_timeout_s",
-                       "decode_submit": "run.decode_submit",
-                       "rendezvous": None, "host": None, "stats_path": None}
+def not_a_strategy_param(key: str) -> str | None:
+    """Where a value given as strategy.params.<key> belongs, if it is a harness, transport or
+    per-request value (connector_config.py, kv_transfer_params.py): the strategy would never see
+    it, and the user meant the other."""
+    harness = {f.name: f.metadata["config"] for f in dataclasses.fields(HarnessSettings)}
+    if key in harness:
+        return f"use {harness[key]}" if harness[key] else "the harness sets it"
+    if key == "transport":
+        return "use transport=staged|gloo"
+    if key in {f.name for f in dataclasses.fields(TransportSettings)}:
+        return f"use transport.{key}"
+    return {CORRUPT: "use check.corrupt", FAULT: "use scenario.fault", RECORDS: "the harness sets it"}.get(key)
+
+
+def params_type(connector: type) -> type:
+    """The dataclass a connector class declares for its strategy.params (base.py)."""
+    return getattr(connector, "Params", NoParams)
+
+
+def check_strategy_params(strategy: DictConfig, connector: type | None) -> None:
+    """strategy.params against the parameters the connector declares (names, types, values)."""
+    if connector is None:  # vLLM's own: its params go to it as they are
+        return
+    params = OmegaConf.to_container(strategy.params, resolve=True) if strategy.params else {}
+    try:
+        parse(params_type(connector), params, "strategy.params")
+    except ContractError as e:
+        raise ConfigError(f"strategy {strategy.name!r}: {e}") from None
 
 
 def engine_overrides(cfg: DictConfig, role: str | None) -> dict:
@@ -119,10 +142,9 @@ def check_settings(cfg: DictConfig) -> None:
         raise ConfigError(f"check.corrupt=true damages the KV this project's connectors move; strategy {s.name!r} "
                           f"is vLLM's own {s.connector}, which the harness does not reach into")
     for key in s.params or {}:
-        if s.module and key in NOT_STRATEGY_PARAMS:
-            instead = NOT_STRATEGY_PARAMS[key]
-            raise ConfigError(f"strategy.params.{key} is not a strategy parameter: "
-                              + (f"use {instead}" if instead else "the harness sets it"))
+        instead = not_a_strategy_param(key) if s.module else None
+        if instead:
+            raise ConfigError(f"strategy.params.{key} is not a strategy parameter: {instead}")
 
 
 def check_parallelism(cfg: DictConfig) -> None:
@@ -321,7 +343,7 @@ def checked_inputs(cfg: DictConfig) -> tuple[str, Workload]:
         check_settings(cfg)
         check_placement(cfg)  # this machine's addresses and namespaces
         device = resolve_device(cfg)
-        load_connector(cfg.strategy)
+        check_strategy_params(cfg.strategy, load_connector(cfg.strategy))
         check_block_size(cfg.engine.block_size, device)
         workload = build_workload(cfg.workload, load_tokenizer(str(cfg.model.path)))
         check_weights(cfg.model)

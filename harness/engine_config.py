@@ -11,9 +11,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from harness.ceiling import link_ceiling_gbps
-from harness.checks import decode_submit, engine_overrides, tp_degree
+from harness.checks import decode_submit, engine_overrides, load_connector, params_type, tp_degree
 from harness.engine_process import NETNS_ENV
 from harness.records import PROJECT_ROOT
+from transfer_strategies.connector_config import ConnectorConfig, HarnessSettings, TransportSettings, parse
 from transfer_strategies.transport.rendezvous import SCHEME
 
 
@@ -92,17 +93,16 @@ def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path | list[Path],
     address = cfg.transport.get("address")
     if address:  # the prefill worker listens there, the decode worker connects (rendezvous.py)
         rendezvous = f"{SCHEME}{address}"
-    harness = {"rendezvous": rendezvous, "host": address.rpartition(":")[0] if address else "127.0.0.1",
-               "stats_path": str(stats_path),
-               "tp": dict(zip(("prefill", "decode"), tp_degrees(cfg))),
-               "verify": bool(cfg.check.digests),
-               "checksums": bool(cfg.check.checksums), "timeout_s": float(cfg.run.transfer_timeout_s),
-               # the other engine may take this long to start before the channel opens
-               "startup_timeout_s": float(cfg.run.startup_timeout_s),
-               "decode_submit": decode_submit(cfg)}
-    transport = {"staging_mb": None, **OmegaConf.to_container(cfg.transport, resolve=True)}
+    prefill_tp, decode_tp = tp_degrees(cfg)
+    harness = HarnessSettings(
+        rendezvous=rendezvous, host=address.rpartition(":")[0] if address else "127.0.0.1",
+        stats_path=str(stats_path), prefill_tp=prefill_tp, decode_tp=decode_tp, verify=bool(cfg.check.digests),
+        checksums=bool(cfg.check.checksums), timeout_s=float(cfg.run.transfer_timeout_s),
+        startup_timeout_s=float(cfg.run.startup_timeout_s), decode_submit=decode_submit(cfg))
+    transport = parse(TransportSettings, OmegaConf.to_container(cfg.transport, resolve=True), "transport")
+    strategy = parse(params_type(load_connector(s)), params, "strategy.params")
     out.update(kv_connector_module_path=s.module,
-               kv_connector_extra_config={"harness": harness, "strategy": params, "transport": transport})
+               kv_connector_extra_config=ConnectorConfig(harness, transport, strategy).to_dict())
     return out
 
 

@@ -32,8 +32,10 @@ from pathlib import Path
 
 import psutil
 
+from harness.resolvers import built_in_strategies
+
 ROOT = Path(__file__).resolve().parent.parent
-STRATEGIES = ["fused", "per_request_blocks", "layerwise", "full_cache"]
+STRATEGIES = built_in_strategies()
 VOCAB = (10, 3400)  # tiny-llama's ordinary token ids
 
 

@@ -150,10 +150,11 @@ class Plan:
     def compose(cls, experiment: str, overrides: list[str], two_gpus: bool = False) -> Plan:
         from hydra import compose, initialize_config_dir
         from hydra.errors import HydraException
-        from omegaconf import OmegaConf
         from omegaconf.errors import OmegaConfBaseException
 
-        OmegaConf.register_new_resolver("project_root", lambda: str(ROOT), replace=True)
+        from harness import resolvers
+
+        resolvers.register()
         if two_gpus:
             overrides = ["device=cuda", "device.prefill_gpu=0", "device.decode_gpu=1", "device.baseline_gpu=0",
                          *overrides]

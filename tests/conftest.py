@@ -26,8 +26,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 
+from harness import resolvers
+
 ROOT = Path(__file__).resolve().parent.parent
-OmegaConf.register_new_resolver("project_root", lambda: str(ROOT), replace=True)  # as harness/__main__.py does
+resolvers.register()  # as harness/__main__.py does
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # as harness/__main__.py does (the engines inherit it)
 
 

@@ -132,6 +132,9 @@ def test_vllm_example_with_a_prompt_under_one_block(tmp_path):
 @pytest.mark.parametrize("overrides,words", [
     (["+strategy.params.corrupt=true"], ["strategy.params.corrupt", "check.corrupt"]),
     (["+strategy.params.transport=gloo"], ["strategy.params.transport", "transport="]),
+    # checked against the class's Params (was an engine dying at its first send, exit 3)
+    (["strategy=per_request_blocks", "strategy.params.granularity=x"],
+     ["strategy.params.granularity must be one of 'layer', 'block'", "'x'"]),
     (["strategy=vllm_example", "check.corrupt=true", "workload=synthetic"], ["check.corrupt", "ExampleConnector"]),
     (["model=hf"], ["model.path has no value"]),
     (["strategy=vllm_nixl", "run.decode_submit=early"], ["run.decode_submit=early", "after_prefill"]),

@@ -16,12 +16,14 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+from harness import resolvers
 from harness.checks import ConfigError, check_parallelism, check_settings
 from harness.engine_config import transfer_config
+from harness.resolvers import built_in_strategies
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
-OmegaConf.register_new_resolver("project_root", lambda: str(ROOT), replace=True)
+resolvers.register()
 
 _spec = importlib.util.spec_from_file_location("bench_strategies", ROOT / "scripts" / "bench_strategies.py")
 bench = importlib.util.module_from_spec(_spec)
@@ -182,6 +184,7 @@ def test_the_wandb_sweep_grid_composes():
     sweep = OmegaConf.to_container(OmegaConf.load(CONF / "wandb_sweep.yaml"), resolve=False)  # ${env}: wandb's
     fixed = [a for a in sweep["command"] if "=" in a]
     grid = [[f"{k}={v}" for v in p["values"]] for k, p in sweep["parameters"].items()]
+    assert sweep["parameters"]["strategy"]["values"] == built_in_strategies()  # wandb reads no resolver
     for point in itertools.product(*grid):
         check_settings(compose_job([*fixed, *point]))
 
@@ -214,7 +217,7 @@ def test_our_connectors_get_harness_strategy_and_transport_sections(tmp_path):
     assert extra["harness"] == {"rendezvous": str(tmp_path / "port"), "host": "127.0.0.1",
                                 "stats_path": str(tmp_path / "decode.jsonl"), "verify": True,
                                 "checksums": False, "timeout_s": 7.0, "startup_timeout_s": 600.0,
-                                "decode_submit": "early", "tp": {"prefill": 1, "decode": 1}}
+                                "decode_submit": "early", "prefill_tp": 1, "decode_tp": 1}
     staged = transfer_config(compose_job(["transport.staging_mb=64", "check.digests=false"]), "prefill",
                              tmp_path / "p", tmp_path / "s")["kv_connector_extra_config"]
     assert staged["transport"] == {"kind": "staged", "staging_mb": 64, "address": None, "ifname": None}

@@ -9,8 +9,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from harness import resolvers
+from harness.resolvers import built_in_strategies
+
 ROOT = Path(__file__).resolve().parent.parent
-OmegaConf.register_new_resolver("project_root", lambda: str(ROOT), replace=True)
+resolvers.register()
 
 _spec = importlib.util.spec_from_file_location("bench_strategies", ROOT / "scripts" / "bench_strategies.py")
 bench = importlib.util.module_from_spec(_spec)
@@ -29,8 +32,9 @@ def composed(overrides: list[str]):
 def test_full_cache_keeps_the_cache_it_declares_whatever_the_experiment_sets(experiment, full_cache_gib, others_gib):
     chosen = [f"experiment={experiment}"] if experiment else []
     assert composed([*chosen, "strategy=full_cache"]).engine.kv_cache_gib == full_cache_gib
-    for strategy in ("fused", "per_request_blocks", "layerwise"):
-        assert composed([*chosen, f"strategy={strategy}"]).engine.kv_cache_gib == others_gib
+    for strategy in built_in_strategies():
+        if strategy != "full_cache":
+            assert composed([*chosen, f"strategy={strategy}"]).engine.kv_cache_gib == others_gib
 
 
 def test_the_command_line_still_overrides_a_strategys_engine_settings():
@@ -64,10 +68,10 @@ def test_the_cpu_benchmark_composes_what_the_old_flags_did():
     plan = bench.Plan.compose("cpu_bench", [])
     assert plan.device == "cpu" and plan.lengths == [32, 128, 256, 512, 1024, 2048] and plan.per_length == 5
     for strategy in plan.strategies:
-        new = OmegaConf.to_container(composed(plan.harness_overrides(strategy, PROMPTS)))
+        new = OmegaConf.to_container(composed(plan.harness_overrides(strategy, PROMPTS)), resolve=True)
         old = OmegaConf.to_container(composed([f"strategy={strategy}", "device=cpu", "workload=jsonl",
                                                f"workload.path={PROMPTS}", "engine.max_model_len=2112",
-                                               "sampling.max_tokens=4"]))
+                                               "sampling.max_tokens=4"]), resolve=True)
         assert new.pop("bench") == {"lengths": plan.lengths, "per_length": 5, "strategies": plan.strategies,
                                     "decode_submit": []}
         assert new == old, strategy

@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from harness.offline.engine_pool import POOL
+from harness.resolvers import built_in_strategies
 from harness.schema import OVERHEAD_PARTS
 from harness.transfers import TIMELINE
 from tests.conftest import FULL, ROOT, cells, run_harness, write_token_prompts
@@ -44,14 +45,12 @@ SHARED_PREFIX = (2, 8)  # indices of the two prompts that share a prefix
 EXTENDED = (3, 9, 10)
 
 CASES = {
-    "fused": ["strategy=fused"],
-    "per_request_blocks": ["strategy=per_request_blocks"],
+    **{name: [f"strategy={name}"] for name in built_in_strategies()},  # a new strategy's YAML enrolls it
     "per_request_blocks-per_block-bs64": ["strategy=per_request_blocks", "strategy.params.granularity=block",
                                           "engine.block_size=64"],
-    "full_cache": ["strategy=full_cache"],
-    "layerwise": ["strategy=layerwise"],
+    # an outside strategy with a parameter of its own, loaded by module path
     "custom-two_halves": ["strategy=custom", "strategy.name=two_halves", "strategy.module=examples.two_halves",
-                          "strategy.connector=TwoHalvesConnector"],
+                          "strategy.connector=TwoHalvesConnector", "strategy.params={split:1}"],
     # the hand-off: the decode request goes once the prefill engine has answered
     "fused-after_prefill": ["strategy=fused", "run.decode_submit=after_prefill"],
     # every prompt in flight at once: all decode requests parked together
@@ -76,7 +75,7 @@ def harness_on_edge_prompts(results_dir, tmp_path_factory, name: str, *overrides
 
 # make test: each built-in strategy once; the other cells (an outside strategy, per-block
 # messages, the hand-off after the prefill, every request in flight) in make test-full
-@pytest.fixture(scope="module", params=cells(CASES, {"fused", "per_request_blocks", "full_cache", "layerwise"}))
+@pytest.fixture(scope="module", params=cells(CASES, set(built_in_strategies())))
 def strategy_run(request, results_dir, tmp_path_factory):
     run = harness_on_edge_prompts(results_dir, tmp_path_factory, request.param, *CASES[request.param])
     run.case = request.param

@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from harness.resolvers import built_in_strategies
 from tests.conftest import ROOT, run_harness
 from tests.test_tp_cpu import worker_records
 from transfer_strategies.tp import heads_of
@@ -117,7 +118,7 @@ def test_scenarios_on_cuda(case, results_dir):
 # both); 1 -> 1 runs on one GPU.
 KV_MODEL = ROOT / "models" / "llama3-8b-kv"
 KV_HEADS = json.loads((KV_MODEL / "config.json").read_text())["num_key_value_heads"]
-TP_STRATEGIES = ["fused", "per_request_blocks", "layerwise", "full_cache"]
+TP_STRATEGIES = built_in_strategies()
 TP_DEGREES = [(1, 1), (1, 2), (2, 1), (2, 2)]
 
 

@@ -16,7 +16,7 @@ NUM_BLOCKS, HEADS, BLOCK, DIM, LAYERS = 16, 2, 4, 8, 3
 
 
 def worker(producer: bool, cache: dict, place: Placement | None = None) -> TransferWorker:
-    w = TransferWorker("FusedConnector", producer, {}, {})
+    w = TransferWorker("FusedConnector", producer)
     w.attach(cache, NUM_BLOCKS, place)
     return w
 

@@ -7,8 +7,9 @@ import threading
 
 import torch
 
+from transfer_strategies.connector_config import HarnessSettings
 from transfer_strategies.records import RecordQueue, TransferRecord, TransferRecordReader, TransferRecordWriter
-from transfer_strategies.scheduler import TransferRequest
+from transfer_strategies.scheduler import Asked, TransferRequest
 from transfer_strategies.worker import TransferWorker
 
 
@@ -57,7 +58,7 @@ def test_digests_that_fail_leave_a_record_that_says_so(tmp_path):
 
 def test_a_workers_digests_are_of_the_blocks_when_launched_and_in_its_file_once_it_reports(tmp_path):
     cache = {f"layer.{i}": torch.randn(8, 2, 4, 8) for i in range(3)}  # the CPU backend's layout
-    w = TransferWorker("FusedConnector", True, {"stats_path": str(tmp_path / "prefill-transfers.jsonl")}, {})
+    w = TransferWorker("FusedConnector", True, HarnessSettings(stats_path=str(tmp_path / "prefill-transfers.jsonl")))
     w.attach(cache, 8)
     expected = w.digests([2, 5])
     w._record(TransferRequest("t", "r", [2, 5], num_tokens=8), "send")
@@ -72,13 +73,14 @@ def test_a_request_that_names_its_records_file_has_its_record_written_there(tmp_
     """Engines kept between runs (harness/offline/engine_pool.py): each run's requests name
     their own run's file; a request naming none goes to the connector's default."""
     cache = {f"layer.{i}": torch.randn(8, 2, 4, 8) for i in range(3)}
-    w = TransferWorker("FusedConnector", True, {"stats_path": str(tmp_path / "first" / "prefill-transfers.jsonl")}, {})
+    w = TransferWorker("FusedConnector", True,
+                       HarnessSettings(stats_path=str(tmp_path / "first" / "prefill-transfers.jsonl")))
     (tmp_path / "first").mkdir()
     (tmp_path / "second").mkdir()
     w.attach(cache, 8)
     second = tmp_path / "second" / "prefill-transfers.jsonl"
     w._record(TransferRequest("t1", "r1", [2], num_tokens=8), "send")
-    w._record(TransferRequest("t2", "r2", [5], num_tokens=8, records=str(second)), "send")
+    w._record(TransferRequest("t2", "r2", [5], num_tokens=8, asked=Asked(records=str(second))), "send")
     w.held()
     first = TransferRecordReader(tmp_path / "first" / "prefill-transfers.jsonl").read_new()
     assert [r.transfer_id for r in first] == ["t1"]

@@ -5,16 +5,17 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
+from harness import resolvers
 from harness.records import JsonlWriter, format_table, read_jsonl, summarize
+from harness.resolvers import built_in_strategies
 from harness.results import load_requests, load_runs
 from harness.schema import SCHEMA_VERSION
 from harness.sweep import format_rows, sweep_rows
 from harness.workload import Prompt, Workload, WorkloadError, jsonl, synthetic, text_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
-OmegaConf.register_new_resolver("project_root", lambda: str(ROOT), replace=True)
+resolvers.register()
 
 
 class FakeTokenizer:
@@ -78,7 +79,7 @@ def test_config_composes_with_every_group():
         cfg = compose("config")
         assert cfg.strategy.name == "fused" and cfg.workload.name == "smoke" and cfg.device.type == "auto"
         assert Path(cfg.model.path) == ROOT / "models" / "tiny-llama"
-        for strategy in ("fused", "per_request_blocks", "full_cache", "layerwise", "vllm_example"):
+        for strategy in (*built_in_strategies(), "vllm_example"):
             c = compose("config", overrides=[f"strategy={strategy}", "workload=synthetic", "device=cpu"])
             assert c.strategy.name == strategy and c.workload.prompt_len == 256
         # a strategy group may resize the engine (full_cache shrinks the cache it sends whole)

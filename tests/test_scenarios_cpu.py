@@ -10,11 +10,12 @@ import psutil
 import pytest
 
 from harness.offline.engine_pool import POOL
+from harness.resolvers import built_in_strategies
 from tests.conftest import FULL, cells, run_harness
 
 pytestmark = pytest.mark.engine
 
-STRATEGIES = ["fused", "per_request_blocks", "layerwise", "full_cache"]
+STRATEGIES = built_in_strategies()
 # make test runs each scenario once, the strategies spread over them; make test-full every cell
 KEPT = {"decode_preemption": "fused", "prefill_reuse": "per_request_blocks", "drop": "layerwise", "delay": "fused",
         "truncate": "full_cache", "flip": "per_request_blocks", "aborts": "layerwise"}

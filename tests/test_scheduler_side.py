@@ -175,7 +175,7 @@ def test_a_request_that_names_its_records_file_has_its_records_go_there():
     t.matched_tokens(r, 0)
     t.allocated(r, NS(get_block_ids=lambda: ([4],)), num_external_tokens=9)
     (load,) = t.step_metadata(step(new=[("a", [4], 9)], scheduled={"a": 1})).loads
-    assert load.records == "/runs/2/decode-transfers.jsonl"  # the worker's transfer record too
+    assert load.asked.records == "/runs/2/decode-transfers.jsonl"  # the worker's transfer record too
     t.finished(r)
     assert records.named == ["/runs/2/decode-transfers.jsonl"] and len(records) == 1
 
@@ -189,7 +189,7 @@ def test_the_negative_control_is_asked_for_by_the_decode_request():
         t.matched_tokens(r, 0)
         t.allocated(r, NS(get_block_ids=lambda b=blocks: (b,)), num_external_tokens=9)
     loads = t.step_metadata(step(new=[("a", [4], 9), ("b", [5], 9)], scheduled={"a": 1, "b": 1})).loads
-    assert {load.req_id: load.corrupt for load in loads} == {"a": False, "b": True}
+    assert {load.req_id: load.asked.corrupt for load in loads} == {"a": False, "b": True}
 
 
 def test_a_decode_request_that_recomputed_its_prompt_is_counted():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.conftest import SLOW
+from transfer_strategies.connector_config import TransportSettings
 from transfer_strategies.digests import BlockDigests
 from transfer_strategies.head_shards import HeadJoinReceiver, ShardedSender
 from transfer_strategies.kv_blocks import KVBlocks
@@ -125,8 +126,9 @@ def _sender(paths, out, kind, p, d, rank):
     place = Placement(rank, p, d, 4, is_producer=True)
     kv = caches("cpu", place.heads)
     first = place.heads.start
-    targets = [(open_channel("sender", torch.device("cpu"), {"kind": kind, "staging_mb": 8}, paths[(s.prefill_rank,
-                s.decode_rank)], "127.0.0.1", 60), range(s.heads.start - first, s.heads.stop - first), *place.slot(s))
+    transport = TransportSettings(kind, staging_mb=8)
+    targets = [(open_channel("sender", torch.device("cpu"), transport, paths[(s.prefill_rank, s.decode_rank)],
+                             "127.0.0.1", 60), range(s.heads.start - first, s.heads.stop - first), *place.slot(s))
                for s in place.my_shares()]
     ch = ShardedSender(kv, targets)
     ch.send("t", 0, 2, torch.tensor([7, 8, 9]), nbytes=24)  # not KV: every decode peer gets it whole
@@ -141,7 +143,7 @@ def _receiver(paths, out, kind, p, d, rank):
     place = Placement(rank, p, d, 4, is_producer=False)
     kv = caches("cpu", place.heads)
     mine = [paths[(s.prefill_rank, s.decode_rank)] for s in place.my_shares()]
-    ch = open_channel("receiver", torch.device("cpu"), {"kind": kind, "staging_mb": 8},
+    ch = open_channel("receiver", torch.device("cpu"), TransportSettings(kind, staging_mb=8),
                       mine if len(mine) > 1 else mine[0], "127.0.0.1", 60)
     if len(mine) > 1:
         ch = HeadJoinReceiver(kv, ch, len(mine))

@@ -15,6 +15,7 @@ import os
 import pytest
 
 from harness.offline.engine_pool import POOL
+from harness.resolvers import built_in_strategies
 from tests.conftest import FULL, ROOT, cells, run_harness
 from tests.test_e2e_cpu import edge_prompts, harness_on_edge_prompts
 from tests.test_scenarios_cpu import check_faults_caught
@@ -24,7 +25,7 @@ from transfer_strategies.tp import heads_of
 pytestmark = pytest.mark.engine
 
 N_HEADS = json.loads((ROOT / "models" / "tiny-llama" / "config.json").read_text())["num_key_value_heads"]
-STRATEGIES = ["fused", "per_request_blocks", "layerwise", "full_cache"]
+STRATEGIES = built_in_strategies()
 DEGREES = [(1, 2), (2, 1), (2, 2)]
 
 

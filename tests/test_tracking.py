@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
+from harness import resolvers
 from harness.tracking import NoTracking, WandbTracking, make_tracker
 from tests.conftest import SLOW
 
 ROOT = Path(__file__).resolve().parent.parent
-OmegaConf.register_new_resolver("project_root", lambda: str(ROOT), replace=True)
+resolvers.register()
 
 
 def composed(*overrides: str):

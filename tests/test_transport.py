@@ -7,13 +7,14 @@ import pytest
 import torch
 
 from tests.conftest import TRANSPORT_KINDS
+from transfer_strategies.connector_config import TransportSettings
 from transfer_strategies.transport import open_channel, remove_leftovers
 
 MiB = 2**20
 
 
 def _open(role, rendezvous, kind, device="cpu", timeout_s=60):
-    return open_channel(role, torch.device(device), {"kind": kind, "staging_mb": 8}, rendezvous, "127.0.0.1",
+    return open_channel(role, torch.device(device), TransportSettings(kind, staging_mb=8), rendezvous, "127.0.0.1",
                         timeout_s)
 
 
@@ -165,7 +166,8 @@ def _hello(k):
 
 
 def _fan_sender(rendezvous, out, kind, k, done):
-    ch = open_channel("sender", torch.device("cpu"), {"kind": kind, "staging_mb": 8}, rendezvous, "127.0.0.1", 60,
+    ch = open_channel("sender", torch.device("cpu"), TransportSettings(kind, staging_mb=8), rendezvous,
+                      "127.0.0.1", 60,
                       on_open=_hello(k))
     for i in range(6):  # 18 MiB through an 8 MiB buffer: its space must come back to this sender
         ch.send(f"s{k}-t{i}", 0, 1, ch.alloc(3 * MiB).fill_(10 * k + i))
@@ -186,8 +188,8 @@ def _fan_receiver(rendezvous, out, kind, done):
         (msg,) = ch.wait("__layout__")
         seen.append(msg.meta["who"])
         ch.release("__layout__")
-    ch = open_channel("receiver", torch.device("cpu"), {"kind": kind, "staging_mb": 8}, rendezvous, "127.0.0.1", 60,
-                      on_open=on_open)
+    ch = open_channel("receiver", torch.device("cpu"), TransportSettings(kind, staging_mb=8), rendezvous,
+                      "127.0.0.1", 60, on_open=on_open)
     ok = []
     for i in range(6):
         for k in (1, 0):

@@ -28,7 +28,19 @@ each thing:
                                              of req, for `layers`, into this engine's blocks (those
                                              its prefix cache already had are left alone)
     self.kv                                  the `KVBlocks` copy engine, for anything else
-    self.params                              the strategy's own parameters (strategy.params)
+    self.params                              the strategy's own parameters: an instance of its
+                                             `Params` (below)
+
+Parameters: a strategy that takes some declares them as a frozen dataclass named `Params` on its
+class (names, types, defaults; a `Literal` for a fixed set of values), as per_request_blocks.py
+does. The harness checks `strategy.params` against it before any engine starts (exit 2 and one
+line for an unknown name or a wrong value) and the connector parses the same dataclass
+(connector_config.py); a strategy without one takes none.
+
+What a strategy may read of a `TransferRequest`: `transfer_id`, `block_ids`, `num_tokens`,
+`skip_blocks`, and `prepared`, which is its own: whatever its `prepare_send` left there for its
+`send` (None until then). The rest (`asked`: what the request's kv_transfer_params asked for;
+`progress`: clocks, bytes and messages) is the worker's bookkeeping.
 
 Under tensor parallelism every worker of each engine runs the strategy on the KV heads it holds
 (tp.py); the channel cuts a payload in the KV dtype by head for each decode worker, and joins a
@@ -53,6 +65,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from transfer_strategies.connector_config import ConnectorConfig, NoParams
 from transfer_strategies.faults import TransferFault
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.records import RecordWriters, compute_path
@@ -71,23 +84,23 @@ __all__ = ["TransferConnector", "TransferRequest"]
 class TransferConnector(KVConnectorBase_V1):
     """Base of every strategy. Subclasses implement `send` and `receive`."""
 
+    Params = NoParams  # the strategy's own parameters (strategy.params): a frozen dataclass
+
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
         cfg = self._kv_transfer_config
-        extra = dict(cfg.kv_connector_extra_config or {})
+        config = ConnectorConfig.parse(cfg.kv_connector_extra_config, self.Params)
         self.is_producer = cfg.kv_role == "kv_producer"
-        self.params: dict = dict(extra.get("strategy") or {})
+        self.params = config.strategy
         self.block_size = vllm_config.cache_config.block_size
         # one part per role, as vLLM's own connectors split them
         self.scheduler = self.worker = None
         if role == KVConnectorRole.SCHEDULER:
-            harness = extra.get("harness") or {}
             self.scheduler = RequestTracker(self.is_producer, self.block_size,
-                                            RecordWriters(harness.get("stats_path"), compute_path),
-                                            timeout_s=float(harness.get("timeout_s", 300)))
+                                            RecordWriters(config.harness.stats_path, compute_path),
+                                            timeout_s=config.harness.timeout_s)
         else:
-            self.worker = TransferWorker(type(self).__name__, self.is_producer, dict(extra.get("harness") or {}),
-                                         dict(extra.get("transport") or {}))
+            self.worker = TransferWorker(type(self).__name__, self.is_producer, config.harness, config.transport)
 
     # ------------------------------------------------------------ the strategy's API
     def prepare_send(self, req: TransferRequest) -> None:
@@ -172,17 +185,17 @@ class TransferConnector(KVConnectorBase_V1):
         self.worker.register(kv_caches, self._kv_cache_config.num_blocks, self.block_size, self._placement())
 
     def _placement(self) -> Placement:
-        """This worker's rank and both engines' TP degrees (the other engine's from the harness,
-        harness.tp; the same as this one's without it), and the model's KV heads."""
+        """This worker's rank and both engines' TP degrees (the other engine's from the harness),
+        and the model's KV heads."""
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
         tp = get_tensor_model_parallel_world_size()
-        degrees = dict(self.worker.harness.get("tp") or {})
-        side = "prefill" if self.is_producer else "decode"
-        if degrees.get(side, tp) != tp:
-            raise RuntimeError(f"the harness says the {side} engine has tensor_parallel_size={degrees[side]}, "
+        h = self.worker.harness
+        p, d = h.prefill_tp, h.decode_tp
+        side, said = ("prefill", p) if self.is_producer else ("decode", d)
+        if said != tp:
+            raise RuntimeError(f"the harness says the {side} engine has tensor_parallel_size={said}, "
                                f"this engine has {tp}")
-        p, d = degrees.get("prefill", tp), degrees.get("decode", tp)
         model = self._vllm_config.model_config
         return Placement(get_tensor_model_parallel_rank(), p, d, model.get_total_num_kv_heads(), self.is_producer)
 
@@ -229,7 +242,7 @@ class TransferConnector(KVConnectorBase_V1):
         if not self.has_connector_metadata():
             return
         for req in self.this_step().sends:
-            if req.clock is None:  # not already sending from inside the forward pass
+            if req.progress.clock is None:  # not already sending from inside the forward pass
                 if req.prepared is None:  # no start_load_kv ran before this step's forward pass
                     self.prepare_send(req)
                 self.begin_send(req)

@@ -11,6 +11,7 @@ every strategy's is: its forward pass only starts once the KV is there.
 import torch
 
 from transfer_strategies.base import TransferConnector, TransferRequest
+from transfer_strategies.connector_config import ConnectorConfig
 
 
 class LayerwiseConnector(TransferConnector):
@@ -22,8 +23,7 @@ class LayerwiseConnector(TransferConnector):
         # Submitted early, a decode request runs only once its KV is whole (receive), and full
         # graphs only replay uniform decode batches, never the prefill engine's steps (where
         # save_kv_layer streams; a step without the hooks is sent whole by wait_for_save).
-        harness = (extra_config or {}).get("harness") or {}
-        return harness.get("decode_submit") != "early"
+        return ConnectorConfig.parse(extra_config, cls.Params).harness.decode_submit != "early"
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
         super().register_kv_caches(kv_caches)

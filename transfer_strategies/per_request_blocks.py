@@ -6,16 +6,20 @@ request uses; the message count stays proportional to layers (or layers x blocks
 what `fused` then removes.
 """
 
+from dataclasses import dataclass
+from typing import Literal
+
 from transfer_strategies.base import TransferConnector, TransferRequest
 
 
 class PerRequestBlocksConnector(TransferConnector):
+    @dataclass(frozen=True)
+    class Params:
+        granularity: Literal["layer", "block"] = "layer"  # one message per layer, or per block of each layer
+
     @property
     def per_block(self) -> bool:
-        granularity = self.params.get("granularity", "layer")
-        if granularity not in ("layer", "block"):
-            raise ValueError(f"strategy.params.granularity must be 'layer' or 'block', got {granularity!r}")
-        return granularity == "block"
+        return self.params.granularity == "block"
 
     def send(self, req: TransferRequest) -> None:
         n_layers, ids = self.n_layers, req.block_ids

@@ -51,25 +51,39 @@ from transfer_strategies.records import ComputeRecord, RecordWriters
 
 
 @dataclass
+class Asked:
+    """What a request's kv_transfer_params asked this engine's connector for (kv_transfer_params.py)."""
+
+    records: str | None = None  # the file its records go to (None: the connector's harness.stats_path)
+    corrupt: bool = False  # decode: damaged once received (the negative control)
+    fault: str | None = None  # prefill: the transport fault injected into this transfer (faults.py)
+    fault_delay_s: float | None = None  # prefill: how late a delayed transfer's messages leave
+
+
+@dataclass
+class Progress:
+    """The worker's bookkeeping while it moves the request."""
+
+    t_admitted: float | None = None  # time.monotonic() when this engine's scheduler allocated its blocks
+    clock: Any = None  # the send's SendClock, or the receive's start time (None: not begun)
+    bytes: int = 0
+    messages: int = 0
+    received: list = field(default_factory=list)  # the transport's Messages
+
+
+@dataclass
 class TransferRequest:
-    """One request's KV as one engine sees it."""
+    """One request's KV as one engine sees it. A strategy reads the first five fields and owns
+    `prepared`; `asked` and `progress` are the worker's."""
 
     transfer_id: str
     req_id: str
     block_ids: list[int]  # this engine's blocks holding prompt tokens [0, num_tokens)
     num_tokens: int  # prompt_len - 1: the tokens whose KV moves
     skip_blocks: int = 0  # decode only: leading blocks this engine already has (prefix cache)
-    t_admitted: float | None = None  # time.monotonic() when this engine's scheduler allocated its blocks
-    # filled in by the worker while it moves the request
-    prepared: Any = None  # whatever the strategy's prepare_send left for its send
-    clock: Any = None  # the send's SendClock, or the receive's start time
-    bytes: int = 0
-    messages: int = 0
-    received: list = field(default_factory=list)  # the transport's Messages
-    records: str | None = None  # the file its records go to (kv_transfer_params' records; None: the default)
-    corrupt: bool = False  # decode: damaged once received (the negative control: kv_transfer_params' corrupt)
-    fault: str | None = None  # prefill: the transport fault injected into this transfer (kv_transfer_params' fault)
-    fault_delay_s: float | None = None  # prefill: how late a delayed transfer's messages leave
+    prepared: Any = None  # whatever the strategy's prepare_send left for its send (None: it has not run)
+    asked: Asked = field(default_factory=Asked)
+    progress: Progress = field(default_factory=Progress)
 
     @property
     def written_block_ids(self) -> list[int]:
@@ -159,17 +173,17 @@ class RequestTracker:
         now = time.monotonic()
         if self.is_producer:
             fault, delay_s = kv_transfer_params.fault_of(request.kv_transfer_params)
-            self._sends[request.request_id] = TransferRequest(tid, request.request_id, [], n_tok, t_admitted=now,
-                                                              records=records_of(request), fault=fault,
-                                                              fault_delay_s=delay_s)
+            asked = Asked(records=records_of(request), fault=fault, fault_delay_s=delay_s)
+            self._sends[request.request_id] = TransferRequest(tid, request.request_id, [], n_tok, asked=asked,
+                                                              progress=Progress(t_admitted=now))
             return
         # decode: every request with a transfer id takes its message, even when nothing is
         # loaded (all blocks were already cached here), so the sender's space is freed.
         block_ids = list(single_group(blocks.get_block_ids()))[: blocks_for(n_tok, self.block_size)]
         skip = self._local_hits.pop(request.request_id, 0) // self.block_size
-        req = TransferRequest(tid, request.request_id, block_ids, n_tok, skip, t_admitted=now,
-                              records=records_of(request),
-                              corrupt=kv_transfer_params.corrupts(request.kv_transfer_params))
+        asked = Asked(records=records_of(request), corrupt=kv_transfer_params.corrupts(request.kv_transfer_params))
+        req = TransferRequest(tid, request.request_id, block_ids, n_tok, skip, asked=asked,
+                              progress=Progress(t_admitted=now))
         if not loads_async(request):
             self._next.loads.append(req)
         elif num_external_tokens > 0:  # vLLM parks it only then

@@ -20,6 +20,7 @@ import time
 import torch
 
 from transfer_strategies.clock import SendClock
+from transfer_strategies.connector_config import HarnessSettings, TransportSettings
 from transfer_strategies.digests import BlockDigests, PendingDigests
 from transfer_strategies.faults import WITHHELD, TransferFault, check_message, damage, header
 from transfer_strategies.head_shards import open_sharded
@@ -35,21 +36,22 @@ LAYOUT_ID = "__layout__"
 
 
 class TransferWorker:
-    def __init__(self, strategy: str, is_producer: bool, harness: dict, transport: dict):
-        """harness: what the harness sets (rendezvous, host, stats_path, verify,
-        timeout_s, checksums); transport: the channel's settings (kind, staging_mb, ...)."""
+    def __init__(self, strategy: str, is_producer: bool, harness: HarnessSettings | None = None,
+                 transport: TransportSettings | None = None):
+        """harness: what the harness sets; transport: the channel's settings (connector_config.py;
+        their defaults where None)."""
         self.strategy = strategy
         self.is_producer = is_producer
-        self.harness = harness
-        self.transport = transport
-        self.verify = bool(harness.get("verify", True))
+        self.harness = harness = harness or HarnessSettings()
+        self.transport = transport or TransportSettings()
+        self.verify = harness.verify
         self.records = RecordQueue()
         self.writers: RecordWriters | None = None  # made in register, when this worker's rank is known
         self.kv: KVBlocks | None = None
         self.place: Placement | None = None
         self.channel = None
-        self.timeout_s = float(harness.get("timeout_s", 300))
-        self.checksums = bool(harness.get("checksums", False))  # each message's payload checksum in its header
+        self.timeout_s = harness.timeout_s
+        self.checksums = harness.checksums  # each message's payload checksum in its header
         self.parking = ParkedRequests()  # decode, early submission
         self._scheduled_at: dict[str, float] = {}  # req id -> when its first decode step was scheduled
         # receive records waiting for that stamp, with their digests and file
@@ -62,23 +64,23 @@ class TransferWorker:
         self.attach(kv_caches, num_blocks, place)
         h = self.harness
         layout = dict(self.kv.layout(), block_size=block_size)
-        opening = {"device": self.kv.device, "transport_cfg": self.transport, "host": h.get("host", "127.0.0.1"),
-                   "timeout_s": self.timeout_s, "open_timeout_s": h.get("startup_timeout_s")}
+        opening = {"device": self.kv.device, "transport": self.transport, "host": h.host,
+                   "timeout_s": self.timeout_s, "open_timeout_s": h.startup_timeout_s}
         role = "sender" if self.is_producer else "receiver"
         if place is None or place.single:
             # rendezvous: a list on a decode worker fed by several prefill workers (serving mode)
-            self.channel = open_channel(role, rendezvous=h["rendezvous"], **opening,
+            self.channel = open_channel(role, rendezvous=h.rendezvous, **opening,
                                         on_open=lambda channel: self._exchange_layout(channel, layout))
             return
         shares = iter(place.my_shares())  # each channel's handshake in the order they open
-        self.channel = open_sharded(place, self.kv, h["rendezvous"], opening,
+        self.channel = open_sharded(place, self.kv, h.rendezvous, opening,
                                     on_open=lambda channel: self._exchange_layout(channel, layout, next(shares)))
 
     def attach(self, kv_caches: dict[str, torch.Tensor], num_blocks: int, place: Placement | None = None) -> None:
         """This engine's KV cache and records, before any channel opens."""
         self.place = place
         rank = 0 if place is None else place.rank
-        self.writers = RecordWriters(self.harness.get("stats_path"), lambda path: rank_path(path, rank))
+        self.writers = RecordWriters(self.harness.stats_path, lambda path: rank_path(path, rank))
         self.kv = KVBlocks(kv_caches, num_blocks, None if place is None else len(place.heads))
         self.digests = BlockDigests(self.kv, None if place is None else place.heads)
 
@@ -115,44 +117,44 @@ class TransferWorker:
         return kv.view(self.channel.alloc(kv.nbytes(n_blocks, n_layers)), n_layers)
 
     def begin_send(self, req: TransferRequest, streaming: bool = False) -> None:
-        req.clock = SendClock(self.kv.device, streaming)
+        req.progress.clock = SendClock(self.kv.device, streaming)
 
     def post(self, req: TransferRequest, payload: torch.Tensor, index: int, count: int) -> None:
-        t0 = req.clock.start()
+        t0 = req.progress.clock.start()
         # The last message's doorbell rings from this thread (no hand-over); earlier ones, and
         # all of a streaming send, from the channel's thread so that launching copies goes on.
-        background = req.clock.streaming or index < count - 1
+        background = req.progress.clock.streaming or index < count - 1
         meta = dict(header(payload, self.checksums), t0=t0)
-        req.messages += 1
-        if req.fault is not None:
-            payload = damage(req.fault, payload, index, count, self.channel.owns(payload))
-            if req.fault in WITHHELD:
+        req.progress.messages += 1
+        if req.asked.fault is not None:
+            payload = damage(req.asked.fault, payload, index, count, self.channel.owns(payload))
+            if req.asked.fault in WITHHELD:
                 self._withhold(req, payload, index, count, meta)
                 return
-        req.bytes += self.channel.send(req.transfer_id, index, count, payload, background=background, **meta)
+        req.progress.bytes += self.channel.send(req.transfer_id, index, count, payload, background=background, **meta)
 
     def _withhold(self, req: TransferRequest, payload: torch.Tensor, index: int, count: int, meta: dict) -> None:
         """A dropped message gives its staging space back; a delayed one leaves from a timer."""
-        if req.fault == "drop":
+        if req.asked.fault == "drop":
             self.channel.discard(payload)
             return
         # late by default: past the decode worker's timeout
-        delay_s = req.fault_delay_s if req.fault_delay_s is not None else self.timeout_s + 2
+        delay_s = req.asked.fault_delay_s if req.asked.fault_delay_s is not None else self.timeout_s + 2
         timer = threading.Timer(delay_s, self.channel.send, (req.transfer_id, index, count, payload), meta)
         timer.daemon = True
         timer.start()
 
     def end_send(self, req: TransferRequest) -> None:
-        req.clock.start()  # in case nothing was posted
-        t_forward_done = req.clock.forward_done()
+        req.progress.clock.start()  # in case nothing was posted
+        t_forward_done = req.progress.clock.forward_done()
         self.channel.flush()
         t_sent = time.monotonic()  # every doorbell rung
         self._sync()
         # nothing of this request written (dropped or withheld by a fault, or nothing to send): the
         # channel's last event is an earlier transfer's (on the H200 it gave drops -72 ms)
-        gpu_ms = req.clock.gpu_ms(self.channel.last_written) if req.bytes else None
-        self._record(req, "send", send_ms=req.clock.host_ms(), gpu_ms=gpu_ms,
-                     t_admitted=req.t_admitted, t_forward_done=t_forward_done, t_sent=t_sent)
+        gpu_ms = req.progress.clock.gpu_ms(self.channel.last_written) if req.progress.bytes else None
+        self._record(req, "send", send_ms=req.progress.clock.host_ms(), gpu_ms=gpu_ms,
+                     t_admitted=req.progress.t_admitted, t_forward_done=t_forward_done, t_sent=t_sent)
 
     # ---------------------------------------------------------------- decode worker
     def take_step(self, meta) -> None:
@@ -176,7 +178,7 @@ class TransferWorker:
             if req is not None:
                 self._drop(req.transfer_id)
                 self._record(req, "receive", error=f"no KV arrived for transfer {req.transfer_id} within "
-                                                    f"{self.timeout_s:.0f} s", t_admitted=req.t_admitted)
+                                                    f"{self.timeout_s:.0f} s", t_admitted=req.progress.t_admitted)
         self.parking.scheduled(meta.scheduled)
         if self.writers.any:  # read only by the records (a stamp nothing pops would stay)
             self._scheduled_at.update(meta.scheduled)
@@ -207,11 +209,11 @@ class TransferWorker:
         return self.parking.load_errors()
 
     def begin_receive(self, req: TransferRequest) -> None:
-        req.clock = time.monotonic()
+        req.progress.clock = time.monotonic()
 
     def collect(self, req: TransferRequest, index: int | None = None) -> list[Message]:
         msgs = self.channel.wait(req.transfer_id, index)
-        req.received.extend(msgs)
+        req.progress.received.extend(msgs)
         for m in msgs:
             problem = check_message(m)
             if problem is not None:
@@ -224,15 +226,15 @@ class TransferWorker:
         says why."""
         self.channel.release(req.transfer_id)
         self.parking.fail_blocks(req.written_block_ids)
-        self._record(req, "receive", error=reason, t_admitted=req.t_admitted)
+        self._record(req, "receive", error=reason, t_admitted=req.progress.t_admitted)
 
     def end_receive(self, req: TransferRequest) -> None:
-        if req.corrupt:
+        if req.asked.corrupt:
             corrupt_received(self.kv, req)
         self._sync()
         t_end = time.monotonic()
         self.channel.release(req.transfer_id)
-        self._record_received(req, req.received, req.clock, t_end)
+        self._record_received(req, req.progress.received, req.progress.clock, t_end)
 
     def _record_received(self, req: TransferRequest, msgs: list[Message], t_start: float, t_end: float,
                          **times) -> None:
@@ -240,13 +242,14 @@ class TransferWorker:
         delivered = max((m.delivered for m in msgs), default=t_start)
         arrived = max((m.arrived for m in msgs), default=t_start)
         wire = [m.meta.get("wire", (1, m.payload.numel())) for m in msgs]  # joined messages (head_shards.py): parts
-        req.messages, req.bytes = sum(n for n, _ in wire), sum(b for _, b in wire)
+        req.progress.messages, req.progress.bytes = sum(n for n, _ in wire), sum(b for _, b in wire)
         self._record(req, "receive",
                      transfer_ms=(delivered - sent_at) * 1e3,  # sender starts gathering -> last byte in our memory
                      notify_ms=(arrived - delivered) * 1e3,  # -> this worker has been told (doorbell latency)
                      load_ms=(t_end - t_start) * 1e3,  # decode step blocked on KV (wait + scatter)
                      ready_ms=(t_end - sent_at) * 1e3,  # sender starts -> KV in this engine's blocks
-                     t_admitted=req.t_admitted, t_arrived=arrived, t_load_start=t_start, t_kv_ready=t_end, **times)
+                     t_admitted=req.progress.t_admitted, t_arrived=arrived, t_load_start=t_start, t_kv_ready=t_end,
+                     **times)
 
     # ---------------------------------------------------------------- both
     def _sync(self) -> None:
@@ -265,7 +268,7 @@ class TransferWorker:
 
     def _record(self, req: TransferRequest, side: str, **times) -> None:
         pending = None
-        writer = self.writers.get(req.records)
+        writer = self.writers.get(req.asked.records)
         if self.verify and writer is not None and "error" not in times:
             # queued on the device's stream before any later forward pass can write these blocks;
             # turned into hex and written by the record queue's thread, off this step
@@ -275,11 +278,12 @@ class TransferWorker:
         if writer is None:
             return
         record = TransferRecord(
-            transfer_id=req.transfer_id, side=side, strategy=self.strategy, blocks=len(req.block_ids), fault=req.fault,
+            transfer_id=req.transfer_id, side=side, strategy=self.strategy, blocks=len(req.block_ids),
+            fault=req.asked.fault,
             rank=0 if self.place is None else self.place.rank,
             block_ids=list(req.block_ids),
             skip_blocks=req.skip_blocks, tokens=req.num_tokens, kv_cache_blocks=self.kv.num_blocks,
-            kv_cache_bytes=self.kv.cache_bytes(), bytes=req.bytes, messages=req.messages, **times)
+            kv_cache_bytes=self.kv.cache_bytes(), bytes=req.progress.bytes, messages=req.progress.messages, **times)
         if side == "send" or "t_decode_scheduled" in times:
             self.records.put(writer, record, pending)
         elif req.req_id in self._scheduled_at or "error" in times:

@@ -26,10 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from harness.engine_process import EngineProcess
-
-# kv_transfer_config's harness values that name the run that started the engines: a later run's
-# requests name their own records files, and the channel is open already
-RUN_PATHS = ("rendezvous", "stats_path")
+from transfer_strategies.connector_config import RUN_PATHS
 
 
 def engine_key(specs: list[tuple[dict, dict, int]]) -> str:

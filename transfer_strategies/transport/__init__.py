@@ -7,7 +7,7 @@ engine to ask for a request's KV. A message is a small header (transfer id, inde
 byte size, timestamps, the sender's keyword arguments) and a flat uint8 payload, so a strategy
 can send tensors of any dtype and shape; the receiver views the bytes back as it expects.
 
-    sender = open_channel("sender", device, {"kind": "staged"}, rendezvous, host, timeout_s)
+    sender = open_channel("sender", device, TransportSettings(), rendezvous, host, timeout_s)
     buf = sender.alloc(nbytes)            # build the payload here: no copy on the way
     sender.send(transfer_id, index, count, buf, t0=...); sender.flush()
     receiver.wait(transfer_id) -> [Message]; ...; receiver.release(transfer_id)
@@ -31,6 +31,7 @@ from pathlib import Path
 
 import torch
 
+from transfer_strategies.connector_config import TransportSettings
 from transfer_strategies.transport import buffers
 from transfer_strategies.transport import rendezvous as _rendezvous
 from transfer_strategies.transport.fan_in import FanIn
@@ -44,16 +45,17 @@ __all__ = ["Message", "as_bytes", "open_channel", "remove_leftovers"]
 DEFAULT_STAGING_MB = {"cpu": 256, "cuda": 4096}
 
 
-def open_channel(role: str, device: torch.device, transport_cfg: dict | None, rendezvous: str | list[str],
+def open_channel(role: str, device: torch.device, transport: TransportSettings | None, rendezvous: str | list[str],
                  host: str, timeout_s: float, on_open=None, open_timeout_s: float | None = None):
-    """role: "sender" (prefill worker) or "receiver" (decode worker); transport_cfg: the
-    `transport` config ({"kind": "staged"|"gloo", "staging_mb": int|None}); rendezvous: a file
+    """role: "sender" (prefill worker) or "receiver" (decode worker); transport: the channel's
+    kind and staging size (None: the defaults); rendezvous: a file
     through which the sender tells the receiver the port it bound, or for a receiver fed by
     several prefill workers one file per worker (a FanIn of channels, opened in that order);
     every wait is bounded by timeout_s, but opening the channel, which waits for the other
     engine to start, by open_timeout_s where that is longer. on_open(channel) runs as each
     channel opens (the layout handshake). Blocks until the other workers have opened their ends."""
-    channel = _open(role, device, transport_cfg, rendezvous, host, max(timeout_s, open_timeout_s or 0.0), on_open)
+    opening_s = max(timeout_s, open_timeout_s or 0.0)
+    channel = _open(role, device, transport or TransportSettings(), rendezvous, host, opening_s, on_open)
     if hasattr(channel, "inbox"):  # from now on, a transfer waits timeout_s
         channel.inbox.timeout_s = timeout_s
     else:
@@ -61,15 +63,14 @@ def open_channel(role: str, device: torch.device, transport_cfg: dict | None, re
     return channel
 
 
-def _open(role: str, device: torch.device, transport_cfg: dict | None, rendezvous: str | list[str],
+def _open(role: str, device: torch.device, transport: TransportSettings, rendezvous: str | list[str],
           host: str, timeout_s: float, on_open):
     if role not in ("sender", "receiver"):
         raise ValueError(f"a KV channel role is 'sender' or 'receiver', not {role!r}")
     paths = [rendezvous] if isinstance(rendezvous, str) else list(rendezvous)
     if role == "sender" and len(paths) != 1:
         raise ValueError(f"a prefill worker sends to one decode worker, not {len(paths)}")
-    cfg = dict(transport_cfg or {})
-    kind = cfg.get("kind") or "staged"
+    kind = transport.kind
     if kind == "gloo" and device.type == "cpu":
         if role == "sender":
             return _opened(GlooSender(paths[0], host, timeout_s), on_open)
@@ -77,7 +78,7 @@ def _open(role: str, device: torch.device, transport_cfg: dict | None, rendezvou
     if kind == "staged" and device.type in DEFAULT_STAGING_MB:
         if role == "sender":  # the receiver sizes the buffer
             return _opened(StagedSender(device, paths[0], host, timeout_s), on_open)
-        mb = cfg.get("staging_mb")
+        mb = transport.staging_mb
         mb = DEFAULT_STAGING_MB[device.type] if mb is None else int(mb)
         if mb <= 0:
             raise ValueError(f"transport.staging_mb must be positive, got {mb}")
