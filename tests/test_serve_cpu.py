@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ import harness.__main__  # noqa: F401 - registers the config's resolvers
 from harness.engine_config import free_port
 from harness.records import read_jsonl
 from harness.results import load_requests, load_runs
+from harness.serving import arrivals
 from harness.serving.instances import InstanceDied, ServerProcess, serve_command
 from harness.serving.load import TIMED_OUT, LoadSpec, arrival_schedule
 from harness.serving.router import Pool, Router
@@ -120,14 +122,14 @@ def spec(**kw) -> LoadSpec:
 
 def test_arrivals_have_the_requested_rate_and_burstiness_and_repeat_with_their_seed():
     prompts = [[1, 2], [3]]
-    constant = arrival_schedule(spec(arrivals="constant"), prompts)
+    constant = arrival_schedule(spec(arrivals=arrivals.constant), prompts)
     assert [r.arrival_s for r in constant[:3]] == pytest.approx([0.0, 0.1, 0.2])
     assert [r.prompt_idx for r in constant[:3]] == [0, 1, 0] and constant[1].token_ids == [3]
 
     def gaps(s):
         return np.diff([r.arrival_s for r in arrival_schedule(s, prompts)])
-    poisson, bursty, steady = gaps(spec()), gaps(spec(arrivals="gamma", burstiness=0.25)), \
-        gaps(spec(arrivals="gamma", burstiness=4.0))
+    poisson, bursty, steady = gaps(spec()), gaps(spec(arrivals=partial(arrivals.gamma, burstiness=0.25))), \
+        gaps(spec(arrivals=partial(arrivals.gamma, burstiness=4.0)))
     for g in (poisson, bursty, steady):
         assert g.mean() == pytest.approx(0.1, rel=0.2)  # the rate asked for
     cv = [g.std() / g.mean() for g in (poisson, bursty, steady)]  # gamma's: 1/sqrt(shape)
@@ -143,10 +145,33 @@ def test_arrivals_have_the_requested_rate_and_burstiness_and_repeat_with_their_s
     assert 60 < cancelled < 140
 
 
+def test_each_arrival_pattern_is_its_yaml_and_its_function():
+    """A new pattern is one function in harness/serving/arrivals.py and one conf/arrivals/*.yaml:
+    composed by name, its parameters from the YAML, seeded like the others."""
+    from harness.serving.arrivals import build
+
+    prompts = [[1, 2]]
+    names = sorted(p.stem for p in (ROOT / "conf" / "arrivals").glob("*.yaml"))
+    assert names == ["constant", "gamma", "poisson"]
+    for name, overrides, cv in (("constant", [], 0.0), ("poisson", [], 1.0),
+                                ("gamma", ["arrivals.burstiness=0.25"], 2.0)):
+        cfg = config("runner=serve", f"arrivals={name}", *overrides)
+        assert cfg.arrivals.name == name
+        g = np.diff([r.arrival_s for r in arrival_schedule(spec(arrivals=build(cfg.arrivals)), prompts)])
+        assert g.mean() == pytest.approx(0.1, rel=0.2) and g.std() / g.mean() == pytest.approx(cv, rel=0.25, abs=1e-9)
+    # the default pattern draws the schedules the committed serving runs were given (gamma of shape 1)
+    rng = np.random.default_rng(0)
+    before = np.cumsum([0.0] + [rng.gamma(1.0, 1 / 10.0) for _ in range(9)])
+    default = build(config("runner=serve").arrivals)
+    assert [r.arrival_s for r in arrival_schedule(spec(arrivals=default, num_requests=10), prompts)] == \
+        pytest.approx(before.tolist(), rel=1e-12)
+
+
 @pytest.mark.parametrize("override,message", [
     ("serve.request_rate=0", "serve.request_rate must be > 0"),
     ("serve.max_concurrency=0", "serve.max_concurrency must be >= 1"),
-    ("serve.arrivals=bursts", "serve.arrivals must be one of"),
+    ("arrivals=gamma arrivals.burstiness=0", "arrivals: arrivals.burstiness must be > 0, got 0"),
+    ("+arrivals.every=2", "arrivals: poisson() got an unexpected keyword argument 'every'"),
     ("serve.num_requests=null", "give one of serve.num_requests and serve.duration_s"),
     ("slo.ttft_ms=-5", "slo.ttft_ms must be > 0"),
     ("serve.prefill_instances=0", "serve.prefill_instances must be a whole number >= 1"),
@@ -155,7 +180,7 @@ def test_arrivals_have_the_requested_rate_and_burstiness_and_repeat_with_their_s
 ])
 @pytest.mark.slow  # in this process (conftest.refused_in_process), which then imports vLLM
 def test_bad_serving_input_is_one_line_and_exit_2_before_anything_starts(tmp_path, override, message):
-    run = refused_in_process(tmp_path / "serve-bad", "runner=serve", override)
+    run = refused_in_process(tmp_path / "serve-bad", "runner=serve", *override.split())
     lines = run.stderr.strip().splitlines()
     assert run.code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
     assert run.summary["status"] == "bad_input" and not (run.run_dir / "servers.json").exists()

@@ -23,13 +23,13 @@ import dataclasses
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import aiohttp
 import numpy as np
 
-ARRIVALS = ("constant", "poisson", "gamma")
+from harness.serving.arrivals import ArrivalError, poisson
 
 
 class LoadError(ValueError):
@@ -39,8 +39,8 @@ class LoadError(ValueError):
 @dataclass
 class LoadSpec:
     request_rate: float  # requests per second; inf: all at once
-    arrivals: str = "poisson"
-    burstiness: float = 1.0
+    # the gaps between requests at a rate, from a seeded generator (arrivals.py; conf/arrivals/)
+    arrivals: Callable[[float, np.random.Generator], Iterator[float]] = poisson
     num_requests: int | None = 16
     duration_s: float | None = None
     max_concurrency: int | None = None
@@ -50,10 +50,10 @@ class LoadSpec:
     def check(self) -> None:
         if not self.request_rate > 0:
             raise LoadError(f"serve.request_rate must be > 0 (inf: all at once), got {self.request_rate}")
-        if self.arrivals not in ARRIVALS:
-            raise LoadError(f"serve.arrivals must be one of {', '.join(ARRIVALS)}, got {self.arrivals!r}")
-        if not self.burstiness > 0:
-            raise LoadError(f"serve.burstiness must be > 0, got {self.burstiness}")
+        try:  # the pattern's own parameters: its first gap
+            next(self.arrivals(1.0, np.random.default_rng(0)))
+        except (ArrivalError, TypeError) as e:
+            raise LoadError(f"arrivals: {e}") from None
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise LoadError(f"serve.max_concurrency must be >= 1 (null: no limit), got {self.max_concurrency}")
         if (self.num_requests is None) == (self.duration_s is None):
@@ -86,15 +86,11 @@ def arrival_schedule(spec: LoadSpec, prompts: list[list[int]]) -> list[Scheduled
     """Request i sends prompt i mod len(prompts) at its arrival time; seeded, so the baseline and
     the P/D path get the same schedule."""
     spec.check()
-    rng = np.random.default_rng(spec.seed)
+    gaps = None if math.isinf(spec.request_rate) else spec.arrivals(spec.request_rate,
+                                                                     np.random.default_rng(spec.seed))
 
     def gap() -> float:
-        if math.isinf(spec.request_rate):
-            return 0.0
-        if spec.arrivals == "constant":
-            return 1.0 / spec.request_rate
-        shape = 1.0 if spec.arrivals == "poisson" else spec.burstiness
-        return float(rng.gamma(shape, 1.0 / (spec.request_rate * shape)))
+        return 0.0 if gaps is None else next(gaps)
 
     times, t = [], 0.0
     while True:

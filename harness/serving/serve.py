@@ -43,6 +43,7 @@ from harness.engine_config import pulls
 from harness.records import JsonlWriter, ended_early, versions, write_json
 from harness.scenario import fault_for
 from harness.schema import ServeRow
+from harness.serving.arrivals import build as build_arrivals
 from harness.serving.deployment import ServingDeployment
 from harness.serving.instances import InstanceDied
 from harness.serving.load import ClientResult, LoadError, LoadSpec, ScheduledRequest, arrival_schedule, send_all
@@ -53,7 +54,7 @@ from harness.workload import Prompt, Workload, WorkloadError, warmup_workload
 
 def load_spec(cfg: DictConfig) -> LoadSpec:
     s = cfg.serve
-    return LoadSpec(request_rate=float(s.request_rate), arrivals=s.arrivals, burstiness=float(s.burstiness),
+    return LoadSpec(request_rate=float(s.request_rate), arrivals=build_arrivals(cfg.arrivals),
                     num_requests=s.num_requests, duration_s=s.duration_s, max_concurrency=s.max_concurrency,
                     seed=s.seed, cancel_fraction=float(s.cancel_fraction))
 
@@ -250,7 +251,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                                     turn_ids=lambda req: workload.prompts[req.prompt_idx].token_ids))
 
     try:
-        print(f"[harness] {run_id}: serving {len(schedule)} requests at {rate} req/s ({spec.arrivals}), "
+        print(f"[harness] {run_id}: serving {len(schedule)} requests at {rate} req/s ({cfg.arrivals.name}), "
               f"strategy={cfg.strategy.name}, model={cfg.model.name}, device={device}; logs in {run_dir}", flush=True)
         t0 = time.monotonic()
         deployment.start(cfg.run.startup_timeout_s)

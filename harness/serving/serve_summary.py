@@ -91,7 +91,7 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
     out: dict = {"schema_version": SCHEMA_VERSION, "runner": "serve", "status": status, "error": error,
                  "run_id": run_id, "strategy": cfg.strategy.name, "model": cfg.model.name,
                  "workload": cfg.workload.name, "device": device, "external_endpoints": external,
-                 "request_rate": float(cfg.serve.request_rate), "arrivals": cfg.serve.arrivals,
+                 "request_rate": float(cfg.serve.request_rate), "arrivals": cfg.arrivals.name,
                  "max_concurrency": cfg.serve.max_concurrency,
                  "slo": {"ttft_ms": cfg.slo.ttft_ms, "tpot_ms": cfg.slo.tpot_ms}}
     out.update(path_stats(disagg))
