@@ -20,10 +20,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 SHM = "/dev/shm/"
 
@@ -38,14 +39,19 @@ def _mapped_by(pid: str) -> set[str]:
     return found
 
 
-def _members(pgid: int) -> list[str]:
-    """The live processes of the group (their pids)."""
-    return subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout.split()
+def members(pgid: int) -> list[int]:
+    """The processes of the group, as `pgrep -g` lists them (pids)."""
+    out = []
+    for pid in psutil.pids():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(pid) == pgid:
+                out.append(pid)
+    return out
 
 
 def segments_of_group(pgid: int) -> set[str]:
     """/dev/shm files mapped by any live process of the process group."""
-    return set().union(*map(_mapped_by, _members(pgid)))
+    return set().union(*(_mapped_by(str(pid)) for pid in members(pgid)))
 
 
 def semaphores() -> set[str]:
@@ -69,7 +75,7 @@ def wait_gone(pgid: int, timeout_s: float) -> bool:
     exits; killed, it leaves them, and no process maps them for remove_unmapped to find."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not _members(pgid):
+        if not members(pgid):
             return True
         time.sleep(0.05)
     return False

@@ -22,6 +22,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 import harness.__main__  # noqa: F401 - registers the config's resolvers
+from harness import process_group
 from harness.engine_config import free_port
 from harness.records import read_jsonl
 from harness.results import load_requests, load_runs
@@ -255,7 +256,7 @@ def test_the_fault_and_abort_scenarios_run_through_the_router(results_dir):
 
 
 def group_alive(pid: int) -> bool:
-    return bool(subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True).stdout.split())
+    return bool(process_group.members(pid))
 
 
 README_SERVE_2P1D = ("runner=serve", "strategy=fused", "serve.prefill_instances=2", "serve.stream_prefill_token=true",

@@ -20,6 +20,7 @@ import httpx
 import numpy as np
 import pytest
 
+from harness import process_group
 from harness.compare import compare_outputs
 from harness.engine_config import engine_args, engine_env, free_port, transfer_config
 from harness.records import read_jsonl
@@ -319,9 +320,9 @@ def test_instances_stop_with_their_whole_process_group(deployment):
     d = deployment
     inst = d["decode"]
     pid = inst.proc.pid
-    group = subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True).stdout.split()
-    assert str(pid) in group and len(group) >= 2  # the API server and its engine core
+    group = process_group.members(pid)
+    assert pid in group and len(group) >= 2  # the API server and its engine core
     inst.stop()
     assert not inst.alive()
-    assert subprocess.run(["pgrep", "-g", str(pid)], capture_output=True, text=True).stdout.split() == []
+    assert process_group.members(pid) == []
 

@@ -28,6 +28,8 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from harness import process_group
 from harness.engine_config import free_port
 from harness.records import PROJECT_ROOT
@@ -142,8 +144,8 @@ class ServerProcess:
         """One Prometheus gauge from /metrics (summed over its label sets), e.g. vllm:kv_cache_usage_perc."""
         with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
             text = r.read().decode()
-        values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                  if line.startswith(name) and line[len(name)] in "{ "]
+        values = [s.value for family in text_string_to_metric_families(text) for s in family.samples
+                  if s.name == name]
         return sum(values) if values else None
 
     def stop(self, grace_s: float = 10.0) -> None:
