@@ -14,9 +14,11 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
+from harness import scenario
+from harness.scenario import ScenarioError
 from harness.workload import Workload, build_workload
 from transfer_strategies.connector_config import ContractError, HarnessSettings, NoParams, TransportSettings, parse
-from transfer_strategies.kv_transfer_params import CORRUPT, FAULT, FAULT_KINDS, RECORDS
+from transfer_strategies.kv_transfer_params import CORRUPT, FAULT, RECORDS
 
 
 class ConfigError(ValueError):
@@ -135,7 +137,10 @@ def check_settings(cfg: DictConfig) -> None:
     if policy not in (None, "fail", "recompute"):
         raise ConfigError(f"run.kv_load_failure_policy must be fail, recompute or null (vLLM's default), "
                           f"got {policy!r}")
-    check_fault(cfg)
+    try:
+        scenario.check(cfg)
+    except ScenarioError as e:
+        raise ConfigError(str(e)) from None
     check_parallelism(cfg)
     check_same_layout(cfg)
     if not s.module and cfg.check.corrupt:
@@ -242,24 +247,6 @@ def model_kv_heads(cfg: DictConfig) -> int | None:
         return None
     hf = json.loads(path.read_text())
     return hf.get("num_key_value_heads") or hf.get("num_attention_heads")
-
-
-def check_fault(cfg: DictConfig) -> None:
-    aborts = cfg.scenario.get("aborts")
-    if aborts and not (0 < aborts.get("fraction", 0) <= 1 and aborts.get("max_delay_ms", 0) > 0):
-        raise ConfigError(f"scenario.aborts needs a fraction in (0, 1] and a max_delay_ms > 0, got "
-                          f"fraction={aborts.get('fraction')!r} max_delay_ms={aborts.get('max_delay_ms')!r}")
-    fault = cfg.scenario.get("fault")
-    if not fault:
-        return
-    if fault.get("kind") not in FAULT_KINDS:
-        raise ConfigError(f"scenario.fault.kind must be one of {', '.join(FAULT_KINDS)}, got {fault.get('kind')!r}")
-    every = fault.get("every", 2)
-    if not isinstance(every, int) or every < 1:
-        raise ConfigError(f"scenario.fault.every must be an integer >= 1 (every n-th prompt's transfer), got {every!r}")
-    if not cfg.strategy.module:
-        raise ConfigError(f"scenario.fault is injected by this project's connectors; strategy {cfg.strategy.name!r} "
-                          f"is vLLM's own {cfg.strategy.connector}")
 
 
 def check_block_size(block_size: int, device: str) -> None:

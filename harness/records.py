@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from harness import scenario
 from harness.schema import CRITICAL_PATH, OVERHEAD_PARTS, SCHEMA_VERSION, SUMMARY_METRICS, UNVERSIONED
 from harness.stats import Column, format_value, p50_with_interval, percentile
 from harness.stats import format_table as stats_table
@@ -122,11 +123,10 @@ def summarize(rows: list[dict]) -> dict:
     out["digest_failures"] = sum(not r["digest_match"] for r in checked)
     out["transfer_errors"] = sum(bool(r.get("error")) for r in rows)
     out.update(recompute_counts(rows))
-    out.update(fault_counts(rows))
-    aborted = sum(given(r.get("aborted")) for r in rows)
-    if aborted:
-        out["aborted"] = aborted
-    clean = [r for r in rows if not r.get("fault") and not r.get("aborted")]  # a scenario's, on purpose
+    out.update(scenario.fault_counts(rows))
+    if scenario.aborted(rows):
+        out["aborted"] = scenario.aborted(rows)
+    clean = [r for r in rows if not scenario.provoked(r)]
     if out["digest_checked"] and not out["digest_failures"] and any(not r.get("match") and not r.get("near_tie")
                                                                     for r in clean):
         out["diagnosis"] = ("outputs differ although every KV block arrived intact (digests match): the decode "
@@ -164,11 +164,6 @@ def number(value) -> bool:
     return value is not None and value == value
 
 
-def given(value) -> bool:
-    """A scenario's label in a row (fault, aborted): neither None nor empty nor a loaded NaN."""
-    return bool(value) and value == value
-
-
 def recompute_counts(rows: list[dict]) -> dict:
     """How often the decode engine computed prompt tokens it had been sent, and how many of those
     requests had been preempted (their KV freed: recomputing is then the expected way back);
@@ -181,17 +176,6 @@ def recompute_counts(rows: list[dict]) -> dict:
             "kv_recomputed_preempted": sum(bool(r.get("decode_preemptions")) for r in recomputed),
             "decode_preemptions": sum(r.get("decode_preemptions") or 0 for r in counted),
             "prefill_preemptions": sum(r.get("prefill_preemptions") or 0 for r in counted)}
-
-
-def fault_counts(rows: list[dict]) -> dict:
-    """Transport faults a scenario injected (rows whose transfer carried one), those the decode
-    engine caught (the request failed with a reason, or was recomputed to the right output) and
-    those it missed. Empty without faults."""
-    faulted = [r for r in rows if given(r.get("fault"))]
-    if not faulted:
-        return {}
-    caught = sum(bool(r.get("error")) or (r.get("kv_recomputed") is True and bool(r.get("match"))) for r in faulted)
-    return {"faults_injected": len(faulted), "faults_caught": caught, "faults_missed": len(faulted) - caught}
 
 
 def unexplained_recomputes(summary: dict) -> int:
@@ -259,7 +243,7 @@ def format_table(rows: list[dict], summary: dict) -> str:
         f"  ttft p50 {f(s.get('ttft_ms_p50'), '.1f')} ms (baseline {f(s.get('base_ttft_ms_p50'), '.1f')})"
         f"  e2e p50 {f(s.get('e2e_ms_p50'), '.1f')} ms (baseline {f(s.get('base_e2e_ms_p50'), '.1f')})"
         f"  transfer p50 {f(s.get('transfer_ms_p50'), '.2f')} ms p90 {f(s.get('transfer_ms_p90'), '.2f')} ms"
-        f"  {f(s.get('transfer_gbps'), '.2f')} GB/s", *overhead_lines(s), *scenario_lines(s),
+        f"  {f(s.get('transfer_gbps'), '.2f')} GB/s", *overhead_lines(s), *scenario.lines(s),
         *prefix_hit_lines(s)])
 
 
@@ -269,19 +253,6 @@ def prefix_hit_lines(s: dict) -> list[str]:
         return []
     return [f"decode prefix-cache hits: {s['decode_prefix_hit_blocks']} prompt blocks the decode engine already had; "
             f"the transfers carried {s['bytes_for_cached_blocks']} of the {s['total_bytes']} bytes moved for them"]
-
-
-def scenario_lines(s: dict) -> list[str]:
-    """What a scenario provoked and how the run took it (nothing when it provoked nothing)."""
-    lines = []
-    if s.get("decode_preemptions") or s.get("prefill_preemptions") or s.get("kv_recomputed"):
-        lines.append(f"preemptions: decode {s.get('decode_preemptions', 0)}, prefill {s.get('prefill_preemptions', 0)}"
-                     f"; prompts recomputed by the decode engine {s.get('kv_recomputed', 0)} "
-                     f"({s.get('kv_recomputed_preempted', 0)} after a preemption)")
-    if s.get("faults_injected"):
-        lines.append(f"transport faults injected {s['faults_injected']}: caught {s['faults_caught']}, "
-                     f"missed {s['faults_missed']}")
-    return lines
 
 
 def overhead_lines(s: dict) -> list[str]:

@@ -1,15 +1,69 @@
-"""What a scenario (conf/scenario) asks of single requests, for both runners: which prompts'
-transfers carry a transport fault. The fault travels in the prefill request's kv_transfer_params
-(offline: from the harness; runner=serve: the client's X-KV-Fault header, which the router
-passes on), so one engine pair serves faulted and clean requests alike."""
+"""Scenarios (conf/scenario/<name>.yaml): a failure class provoked on purpose. This module is
+what the harness knows of them, for both runners; a scenario that provokes something new is its
+YAML and a change here.
+
+    check(cfg)                 its values, before any engine starts (exit 2 and one line)
+    fault_for(cfg, p)          which prompts' transfers carry a transport fault (scenario.fault)
+    abort_plan(workload, cfg)  offline: which prompts' requests the harness aborts, when, on which engines
+    client_aborts(cfg, n)      runner=serve: which of n requests the client abandons, and when
+    provoked(row)              a row the scenario provoked on purpose: judged apart from the clean ones
+    fault_counts(rows)         how the run took its faults (summary.json's faults_injected/caught/missed)
+    aborted(rows)              how many requests it aborted (summary.json's aborted)
+    lines(summary)             those counts as the run's printed lines
+
+A fault travels in the prefill request's kv_transfer_params (offline: from the harness;
+runner=serve: the client's X-KV-Fault header, which the router passes on), so one engine pair
+serves faulted and clean requests alike; what each fault kind does to the messages is the
+connector's (transfer_strategies/faults.py; the kinds: kv_transfer_params.FAULT_KINDS). What a
+scenario's YAML sets beside `scenario` (a small KV pool, a short transfer timeout, vLLM's load
+failure policy) is ordinary configuration.
+"""
 
 from __future__ import annotations
 
+import random
+from dataclasses import dataclass
+
 from omegaconf import DictConfig
 
-from harness.workload import Prompt
+from harness.workload import Prompt, Workload
+from transfer_strategies.kv_transfer_params import FAULT_KINDS
+
+ABORT_SIDES = {"prefill": ("prefill",), "decode": ("decode",), "both": ("prefill", "decode")}
 
 
+class ScenarioError(ValueError):
+    pass
+
+
+def check(cfg: DictConfig) -> None:
+    aborts = cfg.scenario.get("aborts")
+    if aborts:
+        if not (0 < aborts.get("fraction", 0) <= 1 and aborts.get("max_delay_ms", 0) > 0):
+            raise ScenarioError(f"scenario.aborts needs a fraction in (0, 1] and a max_delay_ms > 0, got "
+                                f"fraction={aborts.get('fraction')!r} max_delay_ms={aborts.get('max_delay_ms')!r}")
+        sides = list(aborts.get("sides") or ABORT_SIDES)
+        if not sides or any(s not in ABORT_SIDES for s in sides):
+            raise ScenarioError(f"scenario.aborts.sides must name some of {', '.join(ABORT_SIDES)}, "
+                                f"got {aborts.get('sides')!r}")
+    fault = cfg.scenario.get("fault")
+    if fault:
+        if fault.get("kind") not in FAULT_KINDS:
+            raise ScenarioError(f"scenario.fault.kind must be one of {', '.join(FAULT_KINDS)}, "
+                                f"got {fault.get('kind')!r}")
+        every = fault.get("every", 2)
+        if not isinstance(every, int) or every < 1:
+            raise ScenarioError(f"scenario.fault.every must be an integer >= 1 (every n-th prompt's transfer), "
+                                f"got {every!r}")
+        if not cfg.strategy.module:
+            raise ScenarioError(f"scenario.fault is injected by this project's connectors; strategy "
+                                f"{cfg.strategy.name!r} is vLLM's own {cfg.strategy.connector}")
+    if (fault or aborts) and cfg.runner.name == "serve" and cfg.serve.endpoints.disagg is not None:
+        raise ScenarioError(f"scenario={cfg.scenario.name}: a fault or abort scenario is judged from the transfer "
+                            f"records of instances the harness starts; serve.endpoints has none")
+
+
+# ---------------------------------------------------------------------- what it provokes
 def fault_for(cfg: DictConfig, p: Prompt) -> dict | None:
     """The transport fault of a scenario (scenario.fault) that prompt p's transfer carries: every
     `every`-th prompt of the measured pass (indices every-1, 2*every-1, ...; the warm-up's none),
@@ -18,3 +72,74 @@ def fault_for(cfg: DictConfig, p: Prompt) -> dict | None:
     if not fault or p.index < 0 or (p.index + 1) % fault.get("every", 2):
         return None
     return {"kind": fault.kind, "delay_s": float(fault.get("delay_s") or cfg.run.transfer_timeout_s + 2)}
+
+
+@dataclass
+class Abort:
+    after_s: float  # after the prompt's first request was submitted
+    engines: tuple[str, ...]  # whose requests: ("prefill",), ("decode",) or both
+
+
+def abort_plan(workload: Workload, cfg: DictConfig) -> dict[int, Abort]:
+    """scenario.aborts ({fraction, max_delay_ms, sides}) as prompt index -> Abort: that share of
+    the prompts, each at a random point in its first max_delay_ms (during its prefill, its
+    transfer or its decode, depending on the prompt), on one of the sides (the prefill engine,
+    the decode engine or both; default: any), seeded by engine.seed."""
+    spec = cfg.scenario.get("aborts")
+    if not spec:
+        return {}
+    rng = random.Random(cfg.engine.seed)
+    sides = [ABORT_SIDES[s] for s in (spec.get("sides") or ABORT_SIDES)]
+    chosen = rng.sample(list(workload.prompts), round(spec.fraction * len(workload.prompts)))
+    return {p.index: Abort(rng.uniform(0, spec.max_delay_ms / 1e3), rng.choice(sides)) for p in chosen}
+
+
+def client_aborts(cfg: DictConfig, n: int) -> list[float | None]:
+    """runner=serve: for each of n scheduled requests, how long after sending it the client
+    abandons it (scenario.aborts' share of them, each at a random time in its first max_delay_ms,
+    seeded by serve.seed; closing the connection makes the router abort both upstream requests),
+    or None."""
+    spec = cfg.scenario.get("aborts")
+    rng = random.Random(cfg.serve.seed)
+    chosen = set(rng.sample(range(n), round(spec.fraction * n))) if spec else set()
+    return [rng.uniform(0, spec.max_delay_ms / 1e3) if i in chosen else None for i in range(n)]
+
+
+# ---------------------------------------------------------------------- how the run took it
+def given(value) -> bool:
+    """A scenario's label in a row (fault, aborted): neither None nor empty nor a loaded NaN."""
+    return bool(value) and value == value
+
+
+def provoked(row: dict) -> bool:
+    """A request whose transfer carried a fault or that was aborted on purpose: each is judged by
+    what the scenario expects of it (a fault caught, nothing held), not by its output."""
+    return given(row.get("fault")) or given(row.get("aborted"))
+
+
+def fault_counts(rows: list[dict]) -> dict:
+    """Transport faults injected (rows whose transfer carried one), those the decode engine caught
+    (the request failed with a reason, or was recomputed to the right output) and those it
+    missed. Empty without faults."""
+    faulted = [r for r in rows if given(r.get("fault"))]
+    if not faulted:
+        return {}
+    caught = sum(bool(r.get("error")) or (r.get("kv_recomputed") is True and bool(r.get("match"))) for r in faulted)
+    return {"faults_injected": len(faulted), "faults_caught": caught, "faults_missed": len(faulted) - caught}
+
+
+def aborted(rows: list[dict]) -> int:
+    return sum(given(r.get("aborted")) for r in rows)
+
+
+def lines(s: dict) -> list[str]:
+    """What a scenario provoked and how the run took it (nothing when it provoked nothing)."""
+    out = []
+    if s.get("decode_preemptions") or s.get("prefill_preemptions") or s.get("kv_recomputed"):
+        out.append(f"preemptions: decode {s.get('decode_preemptions', 0)}, prefill {s.get('prefill_preemptions', 0)}"
+                   f"; prompts recomputed by the decode engine {s.get('kv_recomputed', 0)} "
+                   f"({s.get('kv_recomputed_preempted', 0)} after a preemption)")
+    if s.get("faults_injected"):
+        out.append(f"transport faults injected {s['faults_injected']}: caught {s['faults_caught']}, "
+                   f"missed {s['faults_missed']}")
+    return out

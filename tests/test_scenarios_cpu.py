@@ -18,7 +18,7 @@ pytestmark = pytest.mark.engine
 STRATEGIES = built_in_strategies()
 # make test runs each scenario once, the strategies spread over them; make test-full every cell
 KEPT = {"decode_preemption": "fused", "prefill_reuse": "per_request_blocks", "drop": "layerwise", "delay": "fused",
-        "truncate": "full_cache", "flip": "per_request_blocks", "aborts": "layerwise"}
+        "truncate": "full_cache", "flip": "per_request_blocks", "aborts": "layerwise", "aborts_parked": "layerwise"}
 
 
 def strategies(scenario: str) -> list:
@@ -117,11 +117,12 @@ def test_bit_flips_without_checksums_are_reported_as_missed(results_dir):
     assert all(r["digest_match"] is False and r["error"] is None for r in faulted)
 
 
-@pytest.mark.parametrize("strategy", strategies("aborts"))
-def test_requests_aborted_at_random_points_leave_nothing_held(results_dir, strategy):
-    """Half of the prompts aborted during their prefill, transfer or decode, on either engine or
-    both: no KV block, staging region or transfer stays held, and the rest run normally."""
-    run = run_harness(results_dir / f"scenario-aborts-{strategy}", "scenario=aborts", f"strategy={strategy}")
+@pytest.mark.parametrize(("name", "strategy"), scenario_cells(["aborts", "aborts_parked"]))
+def test_requests_aborted_at_random_points_leave_nothing_held(results_dir, name, strategy):
+    """aborts: half of the prompts aborted during their prefill, transfer or decode, on either
+    engine or both; aborts_parked: their decode requests only, most while parked for their KV.
+    No KV block, staging region or transfer stays held, and the rest run normally."""
+    run = run_harness(results_dir / f"scenario-{name}-{strategy}", f"scenario={name}", f"strategy={strategy}")
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
     assert s["status"] == "ok" and s["requests"] == 16 and s["aborted"] >= 4
@@ -129,6 +130,8 @@ def test_requests_aborted_at_random_points_leave_nothing_held(results_dir, strat
     assert s["transfer_held"] == {"prefill": {"staging_regions": 0}, "decode": {"transfers": 0, "parked": 0}}
     rows = run.jsonl("requests.jsonl")
     assert sum(bool(r["aborted"]) for r in rows) == s["aborted"]
+    if name == "aborts_parked":
+        assert {r["aborted"] for r in rows if r["aborted"]} == {"decode"}
     assert all(r["match"] and r["digest_match"] for r in rows if not r["aborted"])
     assert s["timings"]["disagg_s"] < 30  # an aborted prefill's decode request fails at the 5 s timeout
 

@@ -17,9 +17,9 @@ from harness.checks import decode_submit
 from harness.engine_config import channel_files, engine_args, engine_env, free_port, pulls, tp_degrees, transfer_config
 from harness.engine_process import EngineDied, EngineProcess, wait_ready
 from harness.offline.engine_pool import EnginePool, engine_key
-from harness.offline.pipeline import Abort, pipeline
+from harness.offline.pipeline import pipeline
 from harness.records import write_json
-from harness.scenario import fault_for
+from harness.scenario import Abort, fault_for
 from harness.transfers import TransferStats
 from harness.workload import Prompt, Workload
 from transfer_strategies.kv_transfer_params import push_params

@@ -1,10 +1,9 @@
 """Driving prompts through the offline runner's engines (pipeline): up to workload.concurrency
 prompts in flight, each through stages of requests to EngineProcesses (harness/engine_process.py),
-and the aborts a scenario sends while they run (abort_plan)."""
+and the aborts a scenario sends while they run (harness/scenario.py abort_plan)."""
 
 from __future__ import annotations
 
-import random
 import sys
 import time
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from dataclasses import dataclass
 from tqdm import tqdm
 
 from harness.engine_process import EngineDied, EngineProcess, next_events
+from harness.scenario import Abort
 from harness.workload import Prompt, Workload
 
 
@@ -106,19 +106,3 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
                     progress.update()
 
 
-@dataclass
-class Abort:
-    after_s: float  # after the prompt's first request was submitted
-    engines: tuple[str, ...]  # whose requests: ("prefill",), ("decode",) or both
-
-
-def abort_plan(workload: Workload, spec, seed: int) -> dict[int, Abort]:
-    """scenario.aborts ({fraction, max_delay_ms}) as prompt index -> Abort: that share of the
-    prompts, each at a random point in its first max_delay_ms (during its prefill, its transfer
-    or its decode, depending on the prompt), on the prefill engine, the decode engine or both."""
-    if not spec:
-        return {}
-    rng = random.Random(seed)
-    sides = [("prefill",), ("decode",), ("prefill", "decode")]
-    chosen = rng.sample(list(workload.prompts), round(spec.fraction * len(workload.prompts)))
-    return {p.index: Abort(rng.uniform(0, spec.max_delay_ms / 1e3), rng.choice(sides)) for p in chosen}

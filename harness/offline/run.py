@@ -14,13 +14,13 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness import scenario
 from harness.ceiling import copy_ceiling_gbps
 from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.engine_config import link_ceiling
 from harness.engine_process import EngineDied
 from harness.offline.deployment import OfflineDeployment
 from harness.offline.engine_pool import POOL
-from harness.offline.pipeline import abort_plan
 from harness.offline.rows import RunRows
 from harness.records import JsonlWriter, ended_early, format_table, run_summary, summarize, versions, write_json
 from harness.tracking import make_tracker
@@ -141,7 +141,7 @@ def disagg_passes(cfg: DictConfig, deployment: OfflineDeployment, workload: Work
     t0 = time.monotonic()
     deployment.disagg_pass(
         workload, lambda p, t0, results: rows.add_request(p, t0, results, stats, deployment.transfer_id(p)),
-        aborts=abort_plan(workload, cfg.scenario.get("aborts"), cfg.engine.seed))
+        aborts=scenario.abort_plan(workload, cfg))
     timings["disagg_s"] = time.monotonic() - t0
 
 
@@ -154,7 +154,7 @@ def judged(cfg: DictConfig, summary: dict, rows: list[dict], kv_in_use: dict, tr
     leaked.update({n: h for n, h in transfer_held.items() if h and any(h.values())})
     # a scenario's faulted transfers and aborted requests are judged apart (faults: each must
     # have been caught; aborts: nothing they held may stay held, checked below)
-    provoked = [r for r in rows if r.get("fault") or r.get("aborted")]
+    provoked = [r for r in rows if scenario.provoked(r)]
     counted = summarize([r for r in rows if r not in provoked]) if provoked else summary
     first = next((r["error"] for r in rows if r.get("error") and not r.get("fault")), None)
     status, error = judge(counted, noise=summary["baseline_self_mismatches"] or 0,

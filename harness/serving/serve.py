@@ -26,7 +26,6 @@ import asyncio
 import dataclasses
 import math
 import queue
-import random
 import sys
 import threading
 import time
@@ -37,11 +36,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness import scenario
 from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.compare import compare_outputs
 from harness.engine_config import pulls
 from harness.records import JsonlWriter, ended_early, versions, write_json
-from harness.scenario import fault_for
 from harness.schema import ServeRow
 from harness.serving.arrivals import build as build_arrivals
 from harness.serving.deployment import ServingDeployment
@@ -65,9 +64,6 @@ def check_serve_inputs(cfg: DictConfig) -> None:
         v = cfg.slo.get(key)
         if v is not None and not v > 0:
             raise LoadError(f"slo.{key} must be > 0 (null: no limit), got {v}")
-    if (cfg.scenario.get("fault") or cfg.scenario.get("aborts")) and cfg.serve.endpoints.disagg is not None:
-        raise LoadError(f"scenario={cfg.scenario.name}: a fault or abort scenario is judged from the transfer records "
-                        f"of instances the harness starts; serve.endpoints has none")
     for side in ("baseline", "prefill", "decode"):
         n = cfg.serve[f"{side}_instances"]
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -80,6 +76,11 @@ def check_serve_inputs(cfg: DictConfig) -> None:
     if (ends.baseline is None) != (ends.disagg is None):
         raise LoadError("serve.endpoints needs both a baseline and a disagg URL (or neither: the harness "
                         "starts its own instances)")
+
+
+def check_endpoints(cfg: DictConfig) -> None:
+    """Endpoints the user brings answer (after every check that needs no network)."""
+    ends = cfg.serve.endpoints
     if ends.baseline is not None:
         for name in ("baseline", "disagg"):
             url = ends[name].rstrip("/")
@@ -124,12 +125,9 @@ def scenario_schedule(cfg: DictConfig, schedule: list[ScheduledRequest], workloa
     of a faulted prompt (harness/scenario.py fault_for, as offline) carries the fault; a share of the
     requests (scenario.aborts.fraction, seeded by serve.seed) is abandoned by the client at a
     random time in its first max_delay_ms, during its prefill, its transfer or its decode."""
-    aborts = cfg.scenario.get("aborts")
-    rng = random.Random(cfg.serve.seed)
-    chosen = set(rng.sample(range(len(schedule)), round(aborts.fraction * len(schedule)))) if aborts else set()
-    return [dataclasses.replace(r, fault=fault_for(cfg, workload.prompts[r.prompt_idx]),
-                                abort_after_s=rng.uniform(0, aborts.max_delay_ms / 1e3) if r.index in chosen else None)
-            for r in schedule]
+    abandon = scenario.client_aborts(cfg, len(schedule))
+    return [dataclasses.replace(r, fault=scenario.fault_for(cfg, workload.prompts[r.prompt_idx]),
+                                abort_after_s=abandon[i]) for i, r in enumerate(schedule)]
 
 
 def served_model(cfg: DictConfig) -> str:
@@ -221,6 +219,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         check_serve_inputs(cfg)
         device, workload = checked_inputs(cfg)
         check_serve_workload(cfg, load_spec(cfg), workload)
+        check_endpoints(cfg)
     except (ConfigError, WorkloadError, LoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         write_json(run_dir / "summary.json", {"status": "bad_input", "error": str(e), "run_id": run_id})

@@ -25,15 +25,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from harness.records import (
-    fault_counts,
-    given,
-    prefix_hit_lines,
-    prefix_hits,
-    read_jsonl,
-    recompute_counts,
-    scenario_lines,
-)
+from harness.records import prefix_hit_lines, prefix_hits, read_jsonl, recompute_counts
+from harness.scenario import aborted, fault_counts, given
+from harness.scenario import lines as scenario_lines
 from harness.schema import SCHEMA_VERSION
 from harness.serving.load import TIMED_OUT
 from harness.stats import Column, format_table, format_value, p50_with_interval, percentile
@@ -116,7 +110,7 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
     out.update(prefix_hits(kept))
     out.update({"faults_injected": 0, "faults_caught": 0, "faults_missed": 0,
                 **fault_counts([r for r in disagg if r["status"] != "cancelled"])})
-    out["aborted"] = sum(given(r.get("aborted")) for r in disagg)
+    out["aborted"] = aborted(disagg)
     out["kv_cache_usage_at_end"] = kv_usage
     out["timings"] = timings
     code = {"ok": 0, "engine_failed": 3, "interrupted": 130}.get(status, 1)

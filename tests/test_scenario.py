@@ -1,0 +1,70 @@
+"""harness/scenario.py without engines: a scenario's values are checked before anything starts,
+and what it provokes is seeded and the same for both runners (tests/test_scenarios_cpu.py runs
+each scenario on engines)."""
+
+import random
+
+import pytest
+from omegaconf import OmegaConf
+
+from harness import scenario
+from harness.checks import ConfigError, check_settings
+from harness.workload import Prompt, Workload
+from tests.conftest import compose_config
+
+
+def workload(n: int = 16) -> Workload:
+    return Workload("w", [Prompt(i, [1, 2, 3]) for i in range(n)], concurrency=4)
+
+
+def test_the_abort_plan_is_the_one_the_committed_runs_were_given():
+    """The default sides draw as the plan did before scenarios had a module of their own."""
+    cfg = compose_config("scenario=aborts")
+    plan = scenario.abort_plan(workload(), cfg)
+    rng = random.Random(cfg.engine.seed)
+    chosen = rng.sample(list(workload().prompts), 8)
+    before = {p.index: (rng.uniform(0, 0.06), rng.choice([("prefill",), ("decode",), ("prefill", "decode")]))
+              for p in chosen}
+    assert {i: (a.after_s, a.engines) for i, a in plan.items()} == before
+
+
+def test_a_scenario_can_abort_the_decode_requests_alone():
+    """The worked example of a new scenario: conf/scenario/aborts_parked.yaml and aborts.sides."""
+    plan = scenario.abort_plan(workload(), compose_config("scenario=aborts_parked"))
+    assert len(plan) == 8 and {a.engines for a in plan.values()} == {("decode",)}
+    assert all(0 <= a.after_s <= 0.04 for a in plan.values())
+    assert scenario.abort_plan(workload(), compose_config()) == {}
+
+
+def test_client_aborts_are_seeded_by_the_serving_seed():
+    cfg = compose_config("runner=serve", "scenario=aborts")
+    first, again = scenario.client_aborts(cfg, 20), scenario.client_aborts(cfg, 20)
+    assert first == again and sum(a is not None for a in first) == 10
+    assert all(0 <= a <= 0.06 for a in first if a is not None)
+    assert scenario.client_aborts(compose_config("runner=serve"), 5) == [None] * 5
+
+
+def test_faults_fall_on_every_nth_measured_prompt():
+    cfg = compose_config("scenario=fault_delay")
+    hit = [p.index for p in workload(8).prompts if scenario.fault_for(cfg, p)]
+    assert hit == [1, 3, 5, 7] and scenario.fault_for(cfg, Prompt(-1, [1])) is None  # the warm-up: none
+    assert scenario.fault_for(cfg, Prompt(1, [1])) == {"kind": "delay", "delay_s": 7.0}
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["scenario=aborts", "scenario.aborts.sides=[decoder]"], "scenario.aborts.sides must name some of"),
+    (["scenario=aborts", "scenario.aborts.max_delay_ms=0"], "scenario.aborts needs a fraction in (0, 1]"),
+    (["scenario=fault_drop", "scenario.fault.every=0"], "scenario.fault.every must be an integer >= 1"),
+])
+def test_a_scenarios_values_are_checked_before_anything_starts(overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        check_settings(compose_config(*overrides))
+
+
+def test_provoked_rows_and_their_counts():
+    rows = [{"fault": "drop", "error": "no KV arrived"}, {"fault": "flip", "kv_recomputed": True, "match": True},
+            {"fault": "flip", "error": None, "match": False}, {"aborted": "decode"}, {"fault": None, "aborted": ""}]
+    assert [scenario.provoked(r) for r in rows] == [True, True, True, True, False]
+    assert scenario.fault_counts(rows) == {"faults_injected": 3, "faults_caught": 2, "faults_missed": 1}
+    assert scenario.aborted(rows) == 1 and scenario.provoked({"fault": float("nan")}) is False
+    assert OmegaConf.to_container(compose_config("scenario=aborts_parked").scenario.aborts)["sides"] == ["decode"]
