@@ -145,7 +145,8 @@ def drop_hydra(run: Path) -> None:
     if json.dumps(after, sort_keys=True, default=str) != json.dumps(before, sort_keys=True, default=str):
         backup.rename(run / ".hydra")
         raise ValueError(f"{run}: the config differs without .hydra/: kept")
-    (run / "meta.json").write_text(json.dumps(meta, indent=2, default=str))  # as harness.records.write_json
+    ending = "\n" if (run / "meta.json").read_text().endswith("\n") else ""
+    (run / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + ending)  # as harness.records.write_json
     shutil.rmtree(backup)
 
 
