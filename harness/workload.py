@@ -142,6 +142,17 @@ def synthetic(name: str, prompt_len: int, num_prompts: int, tokenizer, seed: int
                     concurrency)
 
 
+def bench_prompts(lengths: list[int], per_length: int, seed: int = 0) -> str:
+    """scripts/bench_strategies.py's prompts file (for workload=jsonl): per_length prompts of each
+    length in turn, random token ids in [10, 3400) (inside every model's vocabulary), seeded. The
+    same lengths and count give the same file byte for byte, so a committed benchmark keeps
+    bench.lengths and bench.per_length (its meta.json) instead of the file
+    (scripts/slim_results.py --prompts DIR writes it again)."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(10, 3400) for _ in range(n)] for n in lengths for _ in range(per_length)]
+    return "".join(json.dumps({"prompt": p}) + "\n" for p in prompts)
+
+
 def synthetic_vocab(tokenizer) -> list[int]:
     """The token ids random prompts are drawn from: the vocabulary less its special tokens."""
     special = set(tokenizer.all_special_ids)

@@ -35,8 +35,6 @@ table.md and rows.csv next to the runs.
 from __future__ import annotations
 
 import argparse
-import json
-import random
 import subprocess
 import sys
 import time
@@ -51,6 +49,7 @@ from harness.records import format_overhead, overhead_means
 from harness.results import load_requests
 from harness.schema import CRITICAL_PATH, OVERHEAD_PARTS
 from harness.stats import Column, format_table, p50_with_interval
+from harness.workload import bench_prompts
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,7 +60,9 @@ def argument_parser() -> argparse.ArgumentParser:
     ap.add_argument("--two-gpus", action="store_true",
                     help="prefill on GPU 0, decode on GPU 1; the ceiling is a GPU 0 -> GPU 1 peer copy")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--replot", default=None, metavar="DIR", help="only redraw DIR/figure.png from DIR/rows.csv")
+    ap.add_argument("--replot", default=None, metavar="DIR",
+                    help="only redraw DIR/figure.png from DIR/rows.csv (and figure-X.png from each rows-X.csv), "
+                         "titled by the table's first line: committed benchmarks keep rows.csv, not the figure")
     ap.add_argument("--retable", default=None, metavar="DIR",
                     help="only write DIR's table.md, rows.csv and figure.png again from its runs' records "
                          "(after the table gained a column), with the ceiling measured when it ran")
@@ -72,7 +73,7 @@ def argument_parser() -> argparse.ArgumentParser:
 def main() -> int:
     args = argument_parser().parse_args()
     if args.replot:
-        plot(Path(args.replot))
+        replot(Path(args.replot))
         return 0
     if args.retable:
         out = Path(args.retable)
@@ -88,9 +89,7 @@ def main() -> int:
         sys.exit(f"error: {out} already holds results; give a new --out directory")
     out.mkdir(parents=True, exist_ok=True)
 
-    rng = random.Random(0)
-    prompts = [[rng.randrange(10, 3400) for _ in range(n)] for n in lengths for _ in range(plan.per_length)]
-    (out / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    (out / "prompts.jsonl").write_text(bench_prompts(lengths, plan.per_length))
     ceiling_of = "GPU 0 -> GPU 1 peer copy" if args.two_gpus else f"{plan.device} copy"
 
     def ceiling_now() -> float:
@@ -272,16 +271,26 @@ def overhead_parts(r: dict) -> str:
     return format_overhead(r["overhead_mean_ms"], {part: r[f"overhead_{part}_ms"] for part, _ in CRITICAL_PATH})
 
 
-def plot(out: Path, title: str | None = None) -> None:
-    """figure.png from rows.csv: GB/s against KV bytes per strategy (with the ceiling), and the
-    TTFT overheads against prompt length."""
+def replot(out: Path) -> None:
+    """Every figure of a benchmark directory again: figure<X>.png from rows<X>.csv, titled by
+    table<X>.md's first line (as when the benchmark wrote them)."""
+    for rows in sorted(out.glob("rows*.csv")):
+        suffix = rows.name.removeprefix("rows").removesuffix(".csv")
+        table = out / f"table{suffix}.md"
+        title = table.read_text().splitlines()[0] if table.exists() else None
+        plot(out, title=title, suffix=suffix)
+
+
+def plot(out: Path, title: str | None = None, suffix: str = "") -> None:
+    """figure.png from rows.csv (figure<suffix>.png from rows<suffix>.csv): GB/s against KV bytes
+    per strategy (with the ceiling), and the TTFT overheads against prompt length."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import pandas as pd
 
-    df = pd.read_csv(out / "rows.csv")
+    df = pd.read_csv(out / f"rows{suffix}.csv")
     ceiling = (df["gbps"] / df["ceiling_share"]).dropna().median()
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     for name, g in df.groupby("strategy", sort=False):
@@ -299,7 +308,7 @@ def plot(out: Path, title: str | None = None) -> None:
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(out / "figure.png", dpi=110)
+    fig.savefig(out / f"figure{suffix}.png", dpi=110)
     plt.close(fig)
 
 

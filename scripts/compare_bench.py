@@ -35,8 +35,8 @@ from harness.stats import Column, format_table, p50_with_interval
 METRICS = ["ttft_overhead_ms", "after_forward_ms", "prefill_ttft_overhead_ms", "transfer_ms", "kv_ms",
            "overhead_check_ms", "overhead_decode_ms"]
 # An interval is the spread within one engine start, not between two: runs of the same code in
-# other engine starts missed each other's intervals by 0.25 ms (session4/ab-per_request_blocks,
-# old-0 and old-2, transfer_ms at 8k) and 0.34 ms (session6/ttft-nodigests against ttft-early,
+# other engine starts missed each other's intervals by 0.25 ms (2026-11-30-s4/ab-per_request_blocks,
+# old-0 and old-2, transfer_ms at 8k) and 0.34 ms (2026-11-30-s6/ttft-nodigests against ttft-early,
 # overhead_decode_ms at 8k); 1 ms keeps such noise from failing the guard
 SLACK_MS = 1.0
 # A cell: (strategy, decode_submit, prompt_len)

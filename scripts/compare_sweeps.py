@@ -39,10 +39,14 @@ def results(run: Path) -> tuple[str, list, list]:
 
 
 def label(run: Path) -> str:
-    """The job's own overrides (Hydra's .hydra/overrides.yaml), less what every job of a sweep sets."""
-    path = run / ".hydra" / "overrides.yaml"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return " ".join(x[2:] for x in lines if x.startswith("- ") and "reuse_engines" not in x) or run.name
+    """The job's own overrides (Hydra's .hydra/overrides.yaml, or meta.json's `overrides` in a
+    committed run, whose .hydra/ was dropped), less what every job of a sweep sets."""
+    path, meta = run / ".hydra" / "overrides.yaml", run / "meta.json"
+    if path.exists():
+        overrides = [x[2:] for x in path.read_text().splitlines() if x.startswith("- ")]
+    else:
+        overrides = (json.loads(meta.read_text()).get("overrides") or []) if meta.exists() else []
+    return " ".join(x for x in overrides if "reuse_engines" not in x) or run.name
 
 
 def started(run: Path) -> int:

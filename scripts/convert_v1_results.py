@@ -10,8 +10,10 @@ summary.json where one was kept (else recomputed by harness.records.summarize an
 "recomputed": true), and a meta.json written here, marked "reconstructed": the git sha and
 the command from the results READMEs and the git history, the versions from gpu.txt or
 pyproject.toml, and the config composed from conf/ at that sha with the command's overrides.
-The benchmark's table.md, rows.csv and figure.png go next to its run directories, as
-scripts/bench_strategies.py writes them.
+The benchmark's table.md and rows.csv go next to its run directories, as
+scripts/bench_strategies.py writes them (its figure.png is not committed: `bench_strategies.py
+--replot DIR` draws it from rows.csv). The directories are named as results/ names them now
+(results/gpu/<date>-s<session>/...; results/INDEX.md maps the old names).
 """
 
 from __future__ import annotations
@@ -95,73 +97,74 @@ BENCHES = [
           "this commit; the commits after it up to the results touched results/ only)",
           bench_runs("cpu/2026-11-30-s3", "results/cpu/2026-11-30-s3", CPU_STRATEGIES, CPU_LENGTHS, ["device=cpu"]),
           {n: f"results/cpu/2026-11-30-s3/{n}" for n in ("table.md", "rows.csv", "figure.png", "copy-probe.txt")}),
-    Bench("gpu/session1/h200-1gpu", "51aac42cbed78af41d77a277b90384b1dcd6c2dd", GPU,
+    Bench("gpu/2026-11-30-s1/h200-1gpu", "51aac42cbed78af41d77a277b90384b1dcd6c2dd", GPU,
           "bash scripts/gpu_run.sh bench engine.kv_cache_gib=16  # = python3 scripts/bench_strategies.py --device cuda "
           "--lengths 512,2048,8192 --per-length 3 --strategies fused,layerwise,per_request_blocks -- "
           + " ".join(GPU_BENCH),
           "results/gpu/session1/README.md (code and results in one commit); per_request_blocks' requests were not kept",
-          bench_runs("gpu/session1/h200-1gpu", "results/gpu/session1", ["fused", "layerwise"], [512, 2048, 8192],
+          bench_runs("gpu/2026-11-30-s1/h200-1gpu", "results/gpu/session1", ["fused", "layerwise"], [512, 2048, 8192],
                      ["device=cuda", *GPU_BENCH]),
           {"table.md": "results/gpu/session1/h200-1gpu-llama3-8b-shape.md",
            "rows.csv": "results/gpu/session1/h200-1gpu-llama3-8b-shape.csv"}),
-    Bench("gpu/session1/h200-1gpu-full_cache", "51aac42cbed78af41d77a277b90384b1dcd6c2dd", GPU,
+    Bench("gpu/2026-11-30-s1/h200-1gpu-full_cache", "51aac42cbed78af41d77a277b90384b1dcd6c2dd", GPU,
           "python3 scripts/bench_strategies.py --device cuda --lengths 512,2048,8192 --per-length 1 --strategies "
           "full_cache -- model=llama3_8b_shape engine.gpu_memory_utilization=0.28 engine.kv_cache_gib=2",
           "results/gpu/session1/README.md; only the table was kept", [],
           {"table.md": "results/gpu/session1/h200-1gpu-llama3-8b-shape-full_cache.md"}),
-    Bench("gpu/session1", "51aac42cbed78af41d77a277b90384b1dcd6c2dd", GPU, "bash scripts/gpu_run.sh check",
+    Bench("gpu/2026-11-30-s1", "51aac42cbed78af41d77a277b90384b1dcd6c2dd", GPU, "bash scripts/gpu_run.sh check",
           "results/gpu/session1/README.md; only the summaries were kept",
-          check_runs("gpu/session1", "results/gpu/session1", "h200-check-tiny-llama-{s}")),
-    Bench("gpu/session2/h200-1gpu", "a8abac77c9ab46041e2badcc00e5da71d79fbbe2", GPU,
+          check_runs("gpu/2026-11-30-s1", "results/gpu/session1", "h200-check-tiny-llama-{s}")),
+    Bench("gpu/2026-11-30-s2/h200-1gpu", "a8abac77c9ab46041e2badcc00e5da71d79fbbe2", GPU,
           "bash scripts/gpu_run.sh bench  # = python3 scripts/bench_strategies.py --device cuda --lengths "
           "512,2048,8192,16384 --per-length 2 --strategies fused,layerwise,per_request_blocks -- "
           + " ".join(GPU_BENCH),
           "results/gpu/README.md ('session2 (code a8abac7)')",
-          bench_runs("gpu/session2/h200-1gpu", "results/gpu/session2", ["fused", "layerwise", "per_request_blocks"],
-                     GPU_LENGTHS, ["device=cuda", *GPU_BENCH], requests="bench-{s}-requests.jsonl"),
+          bench_runs("gpu/2026-11-30-s2/h200-1gpu", "results/gpu/session2",
+                     ["fused", "layerwise", "per_request_blocks"], GPU_LENGTHS, ["device=cuda", *GPU_BENCH],
+                     requests="bench-{s}-requests.jsonl"),
           {"table.md": "results/gpu/session2/h200-1gpu-table.md", "rows.csv": "results/gpu/session2/h200-1gpu-rows.csv",
            "figure.png": "results/gpu/session2/h200-1gpu-figure.png"}),
-    Bench("gpu/session2/h200-2gpu", "a8abac77c9ab46041e2badcc00e5da71d79fbbe2", GPU,
+    Bench("gpu/2026-11-30-s2/h200-2gpu", "a8abac77c9ab46041e2badcc00e5da71d79fbbe2", GPU,
           "STRATEGIES=fused LENGTHS=2048,8192,16384 bash scripts/gpu_run.sh bench2  # = python3 "
           "scripts/bench_strategies.py --device cuda --two-gpus --lengths 2048,8192,16384 --per-length 2 --strategies "
           "fused -- " + " ".join(GPU_BENCH),
           "results/gpu/README.md ('session2 (code a8abac7)'); strategies and lengths as in the kept rows",
-          bench_runs("gpu/session2/h200-2gpu", "results/gpu/session2", ["fused"], [2048, 8192, 16384],
+          bench_runs("gpu/2026-11-30-s2/h200-2gpu", "results/gpu/session2", ["fused"], [2048, 8192, 16384],
                      ["device=cuda", *TWO_GPUS, *GPU_BENCH], requests="bench2-{s}-requests.jsonl"),
           {"table.md": "results/gpu/session2/h200-2gpu-table.md", "rows.csv": "results/gpu/session2/h200-2gpu-rows.csv",
            "figure.png": "results/gpu/session2/h200-2gpu-figure.png"}),
-    Bench("gpu/session2", "a8abac77c9ab46041e2badcc00e5da71d79fbbe2", GPU, "bash scripts/gpu_run.sh check",
+    Bench("gpu/2026-11-30-s2", "a8abac77c9ab46041e2badcc00e5da71d79fbbe2", GPU, "bash scripts/gpu_run.sh check",
           "results/gpu/README.md ('session2 (code a8abac7)'); only the summaries were kept",
-          check_runs("gpu/session2", "results/gpu/session2", "check-{s}")),
-    Bench("gpu/session3/h200-1gpu", "4594e90d9e1e4b12cb71651026870c04159471de", GPU,
+          check_runs("gpu/2026-11-30-s2", "results/gpu/session2", "check-{s}")),
+    Bench("gpu/2026-11-30-s3/h200-1gpu", "4594e90d9e1e4b12cb71651026870c04159471de", GPU,
           "bash scripts/gpu_run.sh bench  # = python3 scripts/bench_strategies.py --device cuda --lengths "
           "512,2048,8192,16384 --per-length 2 --strategies fused,layerwise,per_request_blocks,full_cache "
           "--set full_cache:engine.kv_cache_gib=2.5 -- " + " ".join(GPU_BENCH),
           "results/gpu/README.md (the tables 'were taken one step before' e9e7475: transfer_ms on the host's clock)",
-          bench_runs("gpu/session3/h200-1gpu", "results/gpu/session3", CPU_STRATEGIES, GPU_LENGTHS,
+          bench_runs("gpu/2026-11-30-s3/h200-1gpu", "results/gpu/session3", CPU_STRATEGIES, GPU_LENGTHS,
                      ["device=cuda", *GPU_BENCH], requests="h200-1gpu-{s}-requests.jsonl",
                      summary="h200-1gpu-{s}-summary.json", per_strategy={"full_cache": ["engine.kv_cache_gib=2.5"]}),
           {"table.md": "results/gpu/session3/h200-1gpu-table.md", "rows.csv": "results/gpu/session3/h200-1gpu-rows.csv",
            "figure.png": "results/gpu/session3/h200-1gpu-figure.png"}),
-    Bench("gpu/session3/h200-2gpu", "4594e90d9e1e4b12cb71651026870c04159471de", GPU,
+    Bench("gpu/2026-11-30-s3/h200-2gpu", "4594e90d9e1e4b12cb71651026870c04159471de", GPU,
           "bash scripts/gpu_run.sh bench2  # = the one-GPU bench with --two-gpus",
           "results/gpu/README.md (the tables 'were taken one step before' e9e7475: transfer_ms on the host's clock)",
-          bench_runs("gpu/session3/h200-2gpu", "results/gpu/session3", CPU_STRATEGIES, GPU_LENGTHS,
+          bench_runs("gpu/2026-11-30-s3/h200-2gpu", "results/gpu/session3", CPU_STRATEGIES, GPU_LENGTHS,
                      ["device=cuda", *TWO_GPUS, *GPU_BENCH], requests="h200-2gpu-{s}-requests.jsonl",
                      summary="h200-2gpu-{s}-summary.json", per_strategy={"full_cache": ["engine.kv_cache_gib=2.5"]}),
           {"table.md": "results/gpu/session3/h200-2gpu-table.md", "rows.csv": "results/gpu/session3/h200-2gpu-rows.csv",
            "figure.png": "results/gpu/session3/h200-2gpu-figure.png"}),
-    Bench("gpu/session3/h200-1gpu-fused-events", "e9e74753d520ac30173708c7c524c6f614142b65", GPU,
+    Bench("gpu/2026-11-30-s3/h200-1gpu-fused-events", "e9e74753d520ac30173708c7c524c6f614142b65", GPU,
           "STRATEGIES=fused LENGTHS=2048,8192,16384 bash scripts/gpu_run.sh bench",
           "results/gpu/README.md ('The fused rerun on one GPU ... uses the final definition'); lengths as in the rows",
-          bench_runs("gpu/session3/h200-1gpu-fused-events", "results/gpu/session3", ["fused"], [2048, 8192, 16384],
+          bench_runs("gpu/2026-11-30-s3/h200-1gpu-fused-events", "results/gpu/session3", ["fused"], [2048, 8192, 16384],
                      ["device=cuda", *GPU_BENCH], requests="h200-1gpu-fused-events-requests.jsonl"),
           {"table.md": "results/gpu/session3/h200-1gpu-fused-events-table.md",
            "rows.csv": "results/gpu/session3/h200-1gpu-fused-events-rows.csv",
            "figure.png": "results/gpu/session3/h200-1gpu-fused-events-figure.png"}),
-    Bench("gpu/session3", "0244fd130492f9ca0c066431b4bc3830180efbea", GPU, "bash scripts/gpu_run.sh check",
+    Bench("gpu/2026-11-30-s3", "0244fd130492f9ca0c066431b4bc3830180efbea", GPU, "bash scripts/gpu_run.sh check",
           "results/gpu/README.md ('The checks ran at commit 0244fd1'); only the summaries were kept",
-          check_runs("gpu/session3", "results/gpu/session3", "check-1gpu-{s}", "check-1gpu-{s}")),
+          check_runs("gpu/2026-11-30-s3", "results/gpu/session3", "check-1gpu-{s}", "check-1gpu-{s}")),
 ]
 
 
@@ -187,6 +190,8 @@ def compose_config(sha: str, overrides: list[str]) -> dict:
 
 def convert(bench: Bench, out: Path) -> None:
     for name, src in bench.files.items():
+        if name == "figure.png":  # made again from rows.csv, not committed (harness/results_slim.py)
+            continue
         (out / bench.dest).mkdir(parents=True, exist_ok=True)
         (out / bench.dest / name).write_bytes(git_show(src))
     for run in bench.runs:

@@ -7,7 +7,7 @@
 #   bash scripts/gpu_run.sh ttft     # experiment=gpu_ttft: TTFT and its parts, early vs after_prefill, 2k/8k/16k
 #   bash scripts/gpu_run.sh ttft2    # the same across two GPUs
 #   bash scripts/gpu_run.sh compare  # scripts/compare_bench.py: the benchmark $RUNS/$NAME (default ttft) against
-#                                    # ${REF:-results/gpu/session14/ttft-early}; exit 1 when a cell is slower (its args follow)
+#                                    # ${REF:-results/gpu/2026-12-02-s14/ttft-early}; exit 1 when a cell is slower (its args follow)
 #   bash scripts/gpu_run.sh kvmodel  # train and check models/llama3-8b-kv (Llama-3-8B KV geometry, trained weights)
 #   bash scripts/gpu_run.sh probe    # scripts/gpu_copy_probe.py, on one GPU and (if there are two) across
 #   bash scripts/gpu_run.sh serve    # experiment=gpu_serve: runner=serve sweep on two GPUs (harness overrides follow,
@@ -42,7 +42,7 @@ case "${1:-check}" in
     tar czf "$OUT/$name-runs.tgz" -C "$RUNS" "$name" ;;  # every run's records and logs
   compare)  # after a change on the transfer path: the new ttft benchmark against the committed reference
     name=${NAME:-ttft}
-    python3 scripts/compare_bench.py "$RUNS/$name" "${REF:-results/gpu/session14/ttft-early}" "${@:2}" 2>&1 \
+    python3 scripts/compare_bench.py "$RUNS/$name" "${REF:-results/gpu/2026-12-02-s14/ttft-early}" "${@:2}" 2>&1 \
       | tee "$OUT/${name//\//-}-compare.txt" ;;
   serve)
     name=${NAME:-serve}

@@ -41,7 +41,7 @@ def corrupted(df: pd.DataFrame) -> pd.Series:
 def test_every_committed_run_directory_loads():
     runs = load_runs(*COMMITTED)
     assert len(runs) == len(run_dirs()) >= 30
-    # every committed run passed; a negative control's passes by failing (session16/sweep-corrupt)
+    # every committed run passed; a negative control's passes by failing (2026-12-03-s16/sweep-corrupt)
     corrupt = corrupted(runs)
     assert set(runs["status"][~corrupt]) == {"ok"} and set(runs["status"][corrupt]) <= {"mismatch"}
     assert (runs["strategy"] == runs["strategy.name"]).all()
@@ -137,7 +137,7 @@ def test_benchmark_table_medians_come_back_from_its_runs(out):
 
 
 def test_a_benchmark_without_digests_says_off_not_failed():
-    runs = ROOT / "results" / "gpu" / "session6"
+    runs = ROOT / "results" / "gpu" / "2026-11-30-s6"
     off = bench.strategy_rows(load_requests(runs / "ttft-nodigests"), ["fused"], ceiling=1.0)
     on = bench.strategy_rows(load_requests(runs / "ttft-early"), ["fused"], ceiling=1.0)
     assert [bench.digests_cell(r) for r in off] == ["off", "off"]
@@ -146,9 +146,9 @@ def test_a_benchmark_without_digests_says_off_not_failed():
 
 
 def test_runs_recorded_before_after_forward_ms_get_it_from_their_timeline():
-    df = load_requests(ROOT / "results" / "gpu" / "session6" / "ttft-early" / "fused")
-    assert "after_forward_ms" not in (ROOT / "results" / "gpu" / "session6" / "ttft-early" / "fused" /
-                                      "requests.jsonl").read_text()
+    run = ROOT / "results" / "gpu" / "2026-11-30-s6" / "ttft-early" / "fused"
+    df = load_requests(run)
+    assert not any("after_forward_ms" in row for row in read_jsonl(run / "requests.jsonl"))  # or .gz
     assert ((df["after_forward_ms"] - (df["t_first_token_ms"] - df["t_forward_done_ms"])).abs() < 1e-9).all()
     v1 = load_requests(ROOT / "results" / "cpu")
     assert v1["after_forward_ms"].isna().eq(v1["t_forward_done_ms"].isna()).all()
@@ -160,13 +160,13 @@ def test_retable_writes_a_benchmarks_tables_again_from_its_runs(tmp_path):
     import sys
 
     out = tmp_path / "bench"
-    shutil.copytree(ROOT / "results" / "gpu" / "session6" / "ttft-nodigests", out)
+    shutil.copytree(ROOT / "results" / "gpu" / "2026-11-30-s6" / "ttft-nodigests", out)
     (out / "table.md").write_text((out / "table.md").read_text().splitlines()[0] + "\n")
-    (out / "figure.png").unlink()
+    (out / "figure.png").unlink(missing_ok=True)  # not committed (drawn again from rows.csv), but one may be drawn
     subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_strategies.py"), "--retable", str(out)],
                    check=True, capture_output=True)
     table = (out / "table.md").read_text()
     assert "after forward ms" in table and table.count("| fused |") == 2 and "| off |" in table
     assert (out / "figure.png").exists()
-    committed = pd.read_csv(ROOT / "results" / "gpu" / "session6" / "ttft-nodigests" / "rows.csv")
+    committed = pd.read_csv(ROOT / "results" / "gpu" / "2026-11-30-s6" / "ttft-nodigests" / "rows.csv")
     pd.testing.assert_frame_equal(pd.read_csv(out / "rows.csv"), committed)

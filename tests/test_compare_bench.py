@@ -22,7 +22,7 @@ _spec = importlib.util.spec_from_file_location("compare_bench", ROOT / "scripts"
 guard = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(guard)
 
-REFERENCE = ROOT / "results" / "gpu" / "session14" / "ttft-early"  # the reference the docs name (scripts/gpu_run.sh)
+REFERENCE = ROOT / "results" / "gpu" / "2026-12-02-s14" / "ttft-early"  # the docs' reference (scripts/gpu_run.sh)
 
 
 def write_bench(out: Path, shift_ms: float = 0.0, lengths=(2048, 8192), submit: str = "early",

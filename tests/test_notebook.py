@@ -1,6 +1,6 @@
 """notebooks/analysis.ipynb runs top to bottom through harness.results and writes its figures,
 on the committed results alone: schema version 1 (CPU and GPU) up to the current one
-(results/gpu/session15, whole run directories), so that it does not depend on which tests ran
+(results/gpu/2026-12-02-s15, whole run directories), so that it does not depend on which tests ran
 before it."""
 
 import json

@@ -34,7 +34,7 @@ def _weighted_block_sums(base, piece_offsets, ids, out, n_pieces, block_words, n
     # Word i of a head's share is at (i // ROW_WORDS) * stride_t + i % ROW_WORDS: ROW_WORDS is a
     # compile-time constant, so that is a shift or a multiply, not a 64-bit division by a run-time
     # value (the per-head kernel's: 0.43 ms against 0.30 for 8k tokens of the Llama-3-8B shape on
-    # an H200, results/gpu/session14).
+    # an H200, results/gpu/2026-12-02-s14).
     b = tl.program_id(0)
     h = tl.program_id(1)
     block = tl.load(ids + b).to(tl.int64) * block_words + h * stride_h

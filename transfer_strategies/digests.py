@@ -104,7 +104,7 @@ class BlockDigests:
             # Scattered blocks (a cache that has been used a while): one indexed gather per piece.
             # Per-run views would cost a few launches per run and piece: 0.7-0.9 s for a 16k-token
             # request of the Llama-3-8B shape on an H200, against 10-16 ms for the same blocks in
-            # one run (results/gpu/session5)
+            # one run (results/gpu/2026-11-30-s5)
             idx = torch.tensor(list(block_ids), dtype=torch.int64, device=kv.device)
             for p in kv.pieces(range(kv.n_layers)):
                 yield [(0, self._per_head(p.index_select(0, idx), head))]

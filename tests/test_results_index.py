@@ -1,0 +1,160 @@
+"""The committed results stay navigable and lean: results/INDEX.md is what scripts/results_index.py
+writes, its headline figures point at run directories that exist and quote their documents, no
+run directory passes its size budget nor results/ its total, and nothing the slimming rules make
+again or leave out (harness/results_slim.py) is committed. Fast: no engines."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import results_index
+from harness.records import read_jsonl
+from harness.results import load_requests, run_config
+from harness.results_slim import RULES, leftovers, regenerated_prompts, slim
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMITTED = [ROOT / "results" / "cpu", ROOT / "results" / "gpu"]
+
+# the prompts.jsonl files removed from the benchmarks (git show 18f0b0e:results/<old path>): made
+# again, each is the same byte for byte
+REMOVED_PROMPTS = {
+    "cpu/2026-11-30-s4-before": "f9f22da6485507d1d1ce12d56f0613639813c1c2b724ad0351b65e616ea359ef",
+    "cpu/2026-11-30-s4": "f9f22da6485507d1d1ce12d56f0613639813c1c2b724ad0351b65e616ea359ef",
+    "cpu/2026-11-30-s5": "427f66e39c4c533d0d1df0ebf3c7b3a3ba5174129f0e8c1ed6e9b72ec0a45658",
+    **{f"cpu/2026-12-01-s11-tp/{d}": "c3259f02654e2d00e28ece901f9d5dad1ddda2287847b1bc2cb45a510f213ae4"
+       for d in ("gloo-local", "gloo-netns", "p1d1", "p1d2", "p2d1", "p2d2")},
+    "gpu/2026-11-30-s4/h200-1gpu": "4372fd51f9f0f69d86b860b7b0e8b8857f3072564942e771c8b392bbfa2a3a32",
+    "gpu/2026-11-30-s4/h200-2gpu": "23460a41d07806ae667f084a2310fec378d89380366cfa62dea5cc9f846d710a",
+    "gpu/2026-11-30-s5/ttft-early": "3c20a03423f80524151f7e1e88273189c822e7d8080c22babd0da1b1f0aed371",
+    "gpu/2026-11-30-s5/ttft-handoff": "3c20a03423f80524151f7e1e88273189c822e7d8080c22babd0da1b1f0aed371",
+    "gpu/2026-11-30-s6/ttft-early": "79f4ce8c97fa33fd6c07589b5cbdcbfb6601ed74529d8c9f2ff3f247a09aace4",
+    "gpu/2026-11-30-s6/ttft-nodigests": "6eff7b78fa9b8c54dbb0c0de7a3e4876c059108f613c4ba4968ae515cf36991a",
+    "gpu/2026-11-30-s6/ttft2-early": "ba0a4b4ac59f112602d647d7109ad6a751ae8a2ff66c76a8787d4a5d0d267a07",
+}
+
+
+def tracked() -> set[str] | None:
+    """The files git holds under results/ (relative to the project root), or None outside a checkout:
+    what is committed, not what a run or --replot left beside it (git-ignored)."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z", "results"], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return {p for p in out.decode().split("\0") if p}
+
+
+def test_index_is_what_the_script_writes():
+    assert results_index.is_current(), "results/INDEX.md is not current: python scripts/results_index.py"
+    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "results_index.py"), "--check"], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
+def test_headlines_point_at_existing_run_directories_and_quote_their_documents():
+    assert results_index.check_headlines() == []
+    runs = results_index.run_dirs()
+    for h in results_index.HEADLINES:
+        d = ROOT / "results" / h.run
+        # runs the loader reads, or (scripts/bench_router.py's) the tool's own record
+        assert any(r == d or d in r.parents for r in runs) or (d / "router.json").exists(), h.run
+
+
+def test_a_headline_whose_directory_is_gone_fails_the_index(monkeypatch):
+    gone = results_index.Headline("x", "1 ms", "gpu/no-such-session/ttft", "README.md", "no such text anywhere")
+    monkeypatch.setattr(results_index, "HEADLINES", [*results_index.HEADLINES, gone])
+    errors = results_index.check_headlines()
+    assert any("gpu/no-such-session/ttft does not exist" in e for e in errors)
+    assert any("does not quote" in e for e in errors)
+    with pytest.raises(ValueError):
+        results_index.render()
+
+
+def test_every_run_directory_is_within_its_size_budget():
+    assert results_index.over_budget() == {}, f"over {results_index.RUN_BUDGET_BYTES} bytes: slim or archive"
+
+
+def test_results_are_within_the_total_budget():
+    files = tracked()
+    if files is None:
+        total = results_index.results_bytes()
+    else:
+        total = sum((ROOT / p).stat().st_size for p in files if (ROOT / p).exists())
+    assert total < results_index.TOTAL_BUDGET_BYTES, total
+
+
+def test_nothing_made_again_or_left_out_is_committed():
+    files = tracked()
+    for rule, paths in {r: [p for d in COMMITTED for p in leftovers(d, (r,))[r]] for r in RULES}.items():
+        rel = [p.relative_to(ROOT).as_posix() for p in paths]
+        if files is not None:  # a .hydra/ directory counts when git holds a file in it
+            rel = [p for p in rel if p in files or any(f.startswith(p + "/") for f in files)]
+        assert rel == [], f"{rule}: python scripts/slim_results.py --rule {rule} DIR ({rel[:5]})"
+
+
+@pytest.mark.parametrize("bench", sorted(REMOVED_PROMPTS))
+def test_a_removed_prompts_file_is_made_again_byte_for_byte(bench):
+    text = regenerated_prompts(ROOT / "results" / bench)
+    assert text is not None and hashlib.sha256(text.encode()).hexdigest() == REMOVED_PROMPTS[bench]
+    lengths = {r["prompt_idx"]: r["prompt_len"] for r in load_requests(ROOT / "results" / bench).to_dict("records")}
+    made = [len(json.loads(line)["prompt"]) for line in text.splitlines()]
+    assert all(made[i] == n for i, n in lengths.items())  # every run's prompts, as long as its requests say
+
+
+def test_citations_read_paths_from_a_document_and_the_directories_above(tmp_path):
+    for d in ("results/gpu/2026-01-02-s3/ttft/fused", "results/gpu/2026-01-02-s3/check-1gpu-fused",
+              "results/cpu/2026-01-02-s3/fused", "results/cpu/2026-01-05-s4-soak/fused"):
+        (tmp_path / d).mkdir(parents=True)
+    (tmp_path / "README.md").write_text("see `results/gpu/2026-01-02-s3/ttft/table.md` and **bold**\n")
+    (tmp_path / "results" / "gpu" / "README.md").write_text("`2026-01-02-s3/check-1gpu-*/summary.json`.\n")
+    (tmp_path / "results" / "cpu" / "2026-01-05-s4-soak" / "README.md").write_text("fused ran first\n")
+    runs = ["results/gpu/2026-01-02-s3/ttft/fused", "results/gpu/2026-01-02-s3/check-1gpu-fused",
+            "results/cpu/2026-01-02-s3/fused", "results/cpu/2026-01-05-s4-soak/fused"]
+    assert results_index.citations(runs, tmp_path) == {
+        runs[0]: ["README.md"],  # a file in the run's benchmark directory names the directory
+        runs[1]: ["results/gpu/README.md"],  # relative to the document, a glob within a component
+        runs[2]: [],  # the GPU README's 2026-01-02-s3 is its own device's, not the CPU's of the same name
+        runs[3]: ["results/cpu/2026-01-05-s4-soak/README.md"],  # a bare name beside the document
+    }
+
+
+def test_slimming_a_run_directory_keeps_what_the_loader_reads(tmp_path):
+    run = tmp_path / "results" / "gpu" / "2026-01-02-s3" / "bench" / "fused"
+    (run / ".hydra").mkdir(parents=True)
+    rows = [{"run_id": "fused", "strategy": "fused", "prompt_idx": i, "prompt_len": n, "schema_version": 10}
+            for i, n in enumerate([4, 4, 8, 8])]
+    (run / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = {"strategy": {"name": "fused"}, "bench": {"lengths": [4, 8], "per_length": 2}}
+    (run / "meta.json").write_text(json.dumps({"run_id": "fused", "config": config}, indent=2) + "\n")
+    (run / ".hydra" / "config.yaml").write_text("strategy:\n  name: fused\n")
+    (run / ".hydra" / "overrides.yaml").write_text("- strategy=fused\n")
+    (run / ".hydra" / "hydra.yaml").write_text("hydra:\n  runtime:\n    cwd: /work/main\n    choices:\n"
+                                               "      strategy: fused\n      hydra/launcher: basic\n")
+    (run / "kv-channel.port").write_text("41234")
+    (run / "kv-channel.port.p0d1").write_text("41235")
+    (run / "__main__.log").write_text("")
+    (run / "prefill.log").write_text("/work/main/.venv/lib/python3.12/x.py:1: warning; logs in /tmp/runs/a\n")
+    bench = run.parent
+    from harness.workload import bench_prompts
+    (bench / "prompts.jsonl").write_text(bench_prompts([4, 8], 2))
+    (bench / "rows.csv").write_text("strategy\nfused\n")
+    (bench / "figure.png").write_bytes(b"png")
+    before = run_config(run)
+
+    done = slim(tmp_path / "results" / "gpu")
+    assert {rule: len(paths) for rule, paths in done.items()} == {
+        "rendezvous": 2, "prompts": 1, "figures": 1, "hydra": 1, "empty_logs": 1, "gzip": 1, "log_paths": 1}
+    assert leftovers(tmp_path / "results" / "gpu") == {rule: [] for rule in RULES}
+    assert sorted(p.name for p in run.iterdir()) == ["meta.json", "prefill.log", "requests.jsonl.gz"]
+    assert run_config(run) == before and read_jsonl(run / "requests.jsonl") == rows
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["overrides"] == ["strategy=fused"] and meta["choices"] == {"strategy": "fused"}
+    assert (run / "prefill.log").read_text() == "<venv>/lib/python3.12/x.py:1: warning; logs in <tmp>/runs/a\n"
+    assert gzip.decompress((run / "requests.jsonl.gz").read_bytes()).decode().count("\n") == 4
+    assert regenerated_prompts(bench) == bench_prompts([4, 8], 2)  # the prompts come back from the runs
