@@ -2,7 +2,6 @@
 what it loads agrees with what was committed beside it: the benchmark's rows.csv medians come
 back from the runs' requests, and the reconstructed configs match what the rows measured."""
 
-import importlib.util
 import json
 import math
 from pathlib import Path
@@ -10,6 +9,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import harness.benchmark as bench
 from harness.records import read_jsonl
 from harness.results import find_runs, load_requests, load_runs
 from harness.schema import SCHEMA_VERSION
@@ -20,9 +20,6 @@ KEY_COLUMNS = ["strategy", "prompt_len", "match", "digest_match", "ttft_ms", "ba
                "messages", "gbps", "schema_version", "strategy.name", "engine.kv_cache_gib", "engine.max_model_len",
                "model.name", "device.type", "vllm", "git_sha"]
 
-_spec = importlib.util.spec_from_file_location("bench_strategies", ROOT / "scripts" / "bench_strategies.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
 
 
 def run_dirs() -> list[Path]:

@@ -5,7 +5,6 @@ No engines."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import subprocess
 import sys
@@ -14,13 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import harness.bench_compare as guard
 from harness.schema import SCHEMA_VERSION, RequestRow
 from harness.stats import p50_with_interval
 
 ROOT = Path(__file__).resolve().parent.parent
-_spec = importlib.util.spec_from_file_location("compare_bench", ROOT / "scripts" / "compare_bench.py")
-guard = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(guard)
 
 REFERENCE = ROOT / "results" / "gpu" / "2026-12-02-s14" / "ttft-early"  # the docs' reference (scripts/gpu_run.sh)
 

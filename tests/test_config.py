@@ -5,7 +5,6 @@ the namespaces (strategy params, check, transport) reach the connectors as agree
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import re
 import shlex
@@ -16,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
+import harness.benchmark as bench
 from harness import resolvers
 from harness.checks import ConfigError, check_parallelism, check_settings
 from harness.engine_config import transfer_config
@@ -25,9 +25,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
 resolvers.register()
 
-_spec = importlib.util.spec_from_file_location("bench_strategies", ROOT / "scripts" / "bench_strategies.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
 
 
 def jobs(overrides: list[str]) -> list[list[str]]:

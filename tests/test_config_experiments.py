@@ -2,22 +2,19 @@
 the configs each benchmark run gets, as `scripts/bench_strategies.py` builds its harness
 commands and Hydra composes them."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+import harness.benchmark as bench
 from harness import resolvers
 from harness.resolvers import built_in_strategies
 
 ROOT = Path(__file__).resolve().parent.parent
 resolvers.register()
 
-_spec = importlib.util.spec_from_file_location("bench_strategies", ROOT / "scripts" / "bench_strategies.py")
-bench = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench)
 
 PROMPTS = Path("/tmp/prompts.jsonl")
 

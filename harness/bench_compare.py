@@ -1,0 +1,158 @@
+"""The regression guard of the GPU TTFT benchmark: a new benchmark directory against a reference.
+
+    python scripts/compare_bench.py NEW_DIR REF_DIR [--metrics M ...] [--slack-ms X]
+
+(This module is the guard; scripts/compare_bench.py runs its main.)
+
+Both are directories scripts/bench_strategies.py wrote (one run directory per
+strategy[-decode_submit]). Their requests are cut into the benchmark table's cells
+(harness/benchmark.py cells), each named by its run's strategy, its decode_submit as it applied and
+the prompt length, so that a run named `fused` and one named `fused-early` meet. For each cell in
+both and each metric, the median and its 95% bootstrap interval (harness/stats.py) on each side:
+  slower  the new interval's low end lies above the reference's high end plus the slack
+  faster  the new interval's high end lies below the reference's low end less the slack
+  same    otherwise: the intervals overlap, or miss each other by less than the slack
+  n/a     a side has no value of that metric in that cell
+Cells on one side only are listed, not failed (a new run of fewer lengths than the reference).
+Exit status: 1 when any cell is slower in any metric, 0 otherwise, 2 on bad input (a directory
+that is not a benchmark, no cell in common, a metric that is not a time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from harness.benchmark import cells
+from harness.results import RUN_FILES, load_requests, load_runs
+from harness.schema import RequestRow, field_names
+from harness.stats import Column, format_table, p50_with_interval
+
+METRICS = ["ttft_overhead_ms", "after_forward_ms", "prefill_ttft_overhead_ms", "transfer_ms", "kv_ms",
+           "overhead_check_ms", "overhead_decode_ms"]
+# An interval is the spread within one engine start, not between two: runs of the same code in
+# other engine starts missed each other's intervals by 0.25 ms (2026-11-30-s4/ab-per_request_blocks,
+# old-0 and old-2, transfer_ms at 8k) and 0.34 ms (2026-11-30-s6/ttft-nodigests against ttft-early,
+# overhead_decode_ms at 8k); 1 ms keeps such noise from failing the guard
+SLACK_MS = 1.0
+# A cell: (strategy, decode_submit, prompt_len)
+Cell = tuple[str, str | None, int]
+
+
+class BadInput(Exception):
+    """Said in one line, exit 2."""
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("new", type=Path, metavar="NEW_DIR", help="the benchmark under test")
+    ap.add_argument("ref", type=Path, metavar="REF_DIR", help="the reference benchmark")
+    ap.add_argument("--metrics", nargs="+", default=METRICS,
+                    help=f"requests.jsonl times to compare (spaces or commas; default: {' '.join(METRICS)})")
+    ap.add_argument("--slack-ms", type=float, default=SLACK_MS,
+                    help=f"how far the intervals may miss each other before a cell is slower or faster "
+                         f"(default {SLACK_MS:g})")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
+    try:
+        metrics = checked_metrics(args.metrics)
+        new, ref = load_cells(args.new), load_cells(args.ref)
+        common = [c for c in ref if c in new]
+        if not common:
+            raise BadInput(f"{args.new} and {args.ref} have no cell (strategy, decode_submit, prompt length) in common")
+    except BadInput as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows = [compare_cell(new[c], ref[c], c, m, args.slack_ms) for c in common for m in metrics]
+    print(f"new: {args.new}\nref: {args.ref}\nslack: {args.slack_ms:g} ms\n")
+    print(report(rows, only_new=[c for c in new if c not in ref], only_ref=[c for c in ref if c not in new]))
+    return 1 if any(r["verdict"] == "slower" for r in rows) else 0
+
+
+def checked_metrics(given: list[str]) -> list[str]:
+    # slower/faster and the slack are in ms: a metric where more is better (gbps) would read backwards
+    times = [f for f in field_names(RequestRow) if f.endswith("_ms")]
+    metrics = [m for arg in given for m in arg.split(",") if m]
+    for m in metrics:
+        if m not in times:
+            raise BadInput(f"--metrics: {m!r} is not a time of requests.jsonl (one of {', '.join(times)})")
+    return metrics
+
+
+def load_cells(bench: Path) -> dict[Cell, pd.DataFrame]:
+    """A benchmark directory's requests by cell, through the project's loader."""
+    if not bench.is_dir():
+        raise BadInput(f"{bench} is not a directory")
+    if any((bench / name).exists() for name in RUN_FILES):
+        raise BadInput(f"{bench} is one run directory, not a benchmark: give the directory that holds its runs")
+    # only runs right under it: a session directory holds several benchmarks, which must not mix
+    runs = sorted(p for p in bench.iterdir() if any((p / name).exists() for name in RUN_FILES))
+    requests = load_requests(*runs)
+    if not len(requests):
+        raise BadInput(f"{bench} holds no run directory with requests: not a benchmark of scripts/bench_strategies.py")
+    if "path" in requests and requests["path"].notna().any():
+        raise BadInput(f"{bench} holds runner=serve runs, not a benchmark of scripts/bench_strategies.py")
+    submits = applied_submits(load_runs(*runs))
+    out: dict[Cell, pd.DataFrame] = {}
+    named: dict[tuple[str, str | None], str] = {}
+    for label, n, g in cells(requests, [p.name for p in runs]):
+        run = (str(g["strategy"].iloc[0]), submits.get(g["run_dir"].iloc[0]))
+        if named.setdefault(run, label) != label:
+            raise BadInput(f"{bench}: runs {named[run]} and {label} are both {cell_name(run + (n,))}: "
+                           "not a benchmark of scripts/bench_strategies.py")
+        out[run + (n,)] = g
+    return out
+
+
+def applied_submits(runs: pd.DataFrame) -> dict[str, str | None]:
+    """run_dir -> decode_submit as it applied: summary.json's, else the config's (a run killed
+    before its summary; null there means the harness's default, which only the summary names)."""
+    out = {}
+    for r in runs.to_dict("records"):
+        said = [r.get("decode_submit"), r.get("run.decode_submit")]
+        out[r["run_dir"]] = next((v for v in said if isinstance(v, str)), None)  # NaN: the column, not this run
+    return out
+
+
+def cell_name(cell: Cell) -> str:
+    strategy, submit, n = cell
+    return f"{strategy} {submit or '?'} {n}"
+
+
+def compare_cell(new: pd.DataFrame, ref: pd.DataFrame, cell: Cell, metric: str, slack: float) -> dict:
+    row = {"cell": cell_name(cell), "metric": metric,
+           **p50_with_interval(ref[metric], "ref"), **p50_with_interval(new[metric], "new")}
+    row["verdict"] = verdict(row, slack)
+    return row
+
+
+def verdict(row: dict, slack: float) -> str:
+    """Judged on the intervals, not the medians: a median moves by chance, and the interval says how much."""
+    if row["new"] is None or row["ref"] is None:
+        return "n/a"
+    if row["new_lo"] > row["ref_hi"] + slack:
+        return "slower"
+    if row["new_hi"] < row["ref_lo"] - slack:
+        return "faster"
+    return "same"
+
+
+def report(rows: list[dict], only_new: list[Cell], only_ref: list[Cell]) -> str:
+    columns = [Column("cell"), Column("metric"), Column("ref median [95%]", "ref", ".3f", True),
+               Column("new median [95%]", "new", ".3f", True), Column("verdict")]
+    lines = [format_table(rows, columns, align="left"), ""]
+    for side, only in (("new", only_new), ("ref", only_ref)):
+        if only:
+            lines.append(f"only in {side} (not compared): {', '.join(map(cell_name, only))}")
+    counts = pd.Series([r["verdict"] for r in rows]).value_counts()
+    lines.append(", ".join(f"{k} {counts.get(k, 0)}" for k in ("slower", "faster", "same", "n/a")))
+    slower = [f"{r['cell']} {r['metric']}" for r in rows if r["verdict"] == "slower"]
+    lines.append(f"SLOWER: {'; '.join(slower)}" if slower else "no cell slower")
+    return "\n".join(lines)
+
