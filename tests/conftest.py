@@ -6,7 +6,7 @@ runner, a run that needs its own environment, the command line's contract); conf
 must refuse before any engine starts: `refused_in_process`.
 
 Engine start-up dominates test time, so each harness run is a module-scoped fixture whose
-results several tests read.
+results several tests read. What else several test modules share is in tests/helpers.
 """
 
 from __future__ import annotations
