@@ -6,7 +6,7 @@ runner, a run that needs its own environment, the command line's contract); conf
 must refuse before any engine starts: `refused_in_process`.
 
 Engine start-up dominates test time, so each harness run is a module-scoped fixture whose
-results several tests read.
+results several tests read. What else several test modules share is in tests/helpers.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ from harness import resolvers
 ROOT = Path(__file__).resolve().parent.parent
 resolvers.register()  # as harness/__main__.py does
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # as harness/__main__.py does (the engines inherit it)
+# the checks in tests/helpers assert as a test module does: rewritten by pytest, a failure shows the
+# values compared (registered before any test module imports them)
+pytest.register_assert_rewrite("tests.helpers")
 
 
 @dataclass

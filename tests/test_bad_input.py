@@ -15,23 +15,10 @@ import pytest
 from hydra.errors import MissingConfigException
 
 from tests.conftest import ROOT, compose_config, refused_in_process, run_harness, write_token_prompts
+from tests.helpers.runs import assert_bad_input, no_engine_started
 
 # vLLM is imported once, in this process (a connector's checks load it)
 pytestmark = pytest.mark.slow
-
-
-def _no_engine_started(run):
-    return not list(run.run_dir.glob("*.log")) or all(p.name == "__main__.log" for p in run.run_dir.glob("*.log"))
-
-
-def assert_bad_input(run, *words):
-    """Exit 2, exactly one line on stderr (no traceback) holding each of `words`, nothing started."""
-    assert run.code == 2, run.stderr[-3000:]
-    lines = run.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), run.stderr[-3000:]
-    for w in words:
-        assert w in lines[0]
-    assert run.summary["status"] == "bad_input" and _no_engine_started(run)
 
 
 @pytest.mark.parametrize("override,choice", [("strategy=nope", "fused"), ("model=nope", "tiny_llama"),
@@ -66,7 +53,7 @@ def test_prompt_longer_than_max_model_len(tmp_path):
     run = refused_in_process(tmp_path / "r", "workload=jsonl", f"workload.path={prompts}", "engine.max_model_len=128")
     assert run.code == 2
     assert "prompt 1" in run.stderr and "engine.max_model_len" in run.stderr
-    assert _no_engine_started(run)
+    assert no_engine_started(run)
 
 
 def test_custom_strategy_module_missing(tmp_path):
@@ -78,7 +65,7 @@ def test_custom_strategy_module_missing(tmp_path):
 def test_strategy_package_not_installed(tmp_path):
     run = refused_in_process(tmp_path / "r", "strategy=vllm_nixl", "strategy.requires=[no_such_package_xyz]")
     assert run.code == 2 and "no_such_package_xyz" in run.stderr and "make setup" in run.stderr
-    assert _no_engine_started(run)
+    assert no_engine_started(run)
 
 
 @pytest.mark.parametrize("overrides,words", [

@@ -11,7 +11,6 @@ import shlex
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
@@ -20,6 +19,7 @@ from harness import resolvers
 from harness.checks import ConfigError, check_parallelism, check_settings
 from harness.engine_config import transfer_config
 from harness.resolvers import built_in_strategies
+from tests.helpers.config import compose_job
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -36,11 +36,6 @@ def jobs(overrides: list[str]) -> list[list[str]]:
         else:
             choices.append([o.input_line])
     return [list(job) for job in itertools.product(*choices)]
-
-
-def compose_job(overrides: list[str]):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("config", overrides=overrides, return_hydra_config=True)
 
 
 def missing(cfg) -> list[str]:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tests.conftest import SLOW
-from tests.test_kv_blocks import NUM_BLOCKS, make_kv
+from tests.helpers.kv import NUM_BLOCKS, make_kv
 from transfer_strategies.digests import BlockDigests as HeadDigests
 from transfer_strategies.kv_blocks import KVBlocks
 
@@ -89,7 +89,7 @@ def test_scattered_blocks_are_digested_as_each_block_alone(block_dim):
 
 KERNEL_CHECK = """
 import torch
-from tests.test_kv_blocks import NUM_BLOCKS, make_kv
+from tests.helpers.kv import NUM_BLOCKS, make_kv
 from transfer_strategies.digests import BlockDigests
 from transfer_strategies.kv_blocks import KVBlocks
 

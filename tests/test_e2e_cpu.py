@@ -2,16 +2,15 @@
 strategy, every output compared with the baseline and every transfer's digests checked.
 
 One harness run per strategy (a module fixture) serves every test of that strategy. Its
-prompts cover the edge cases real connectors break on: shorter than one block, exactly one
-block, one token past a block, a long prompt, two prompts sharing a two-block prefix (the
-second arrives after the first has finished, so both engines' prefix caches hit), and
-several requests in flight at once, and two prompts extending an earlier one that ended on a
-block boundary (the decode engine computed that block's last slot itself and cached it: the
-transfers must not be judged on it).
+prompts (edge_prompts, tests/helpers/runs.py) cover the edge cases real connectors break on:
+shorter than one block, exactly one block, one token past a block, a long prompt, two prompts
+sharing a two-block prefix (the second arrives after the first has finished, so both engines'
+prefix caches hit), and several requests in flight at once, and two prompts extending an earlier
+one that ended on a block boundary (the decode engine computed that block's last slot itself and
+cached it: the transfers must not be judged on it).
 """
 
 import json
-import random
 import re
 
 import psutil
@@ -21,28 +20,12 @@ from harness.offline.engine_pool import POOL
 from harness.resolvers import built_in_strategies
 from harness.schema import OVERHEAD_PARTS
 from harness.transfers import TIMELINE
-from tests.conftest import FULL, ROOT, cells, run_harness, write_token_prompts
+from tests.conftest import FULL, ROOT, cells, run_harness
+from tests.helpers.runs import BLOCK, EXTENDED, SHARED_PREFIX, edge_prompts, harness_on_edge_prompts
 
 pytestmark = pytest.mark.engine
 
-BLOCK = 32
 N_LAYERS = json.loads((ROOT / "models" / "tiny-llama" / "config.json").read_text())["num_hidden_layers"]
-
-
-def edge_prompts(block: int = BLOCK) -> list[list[int]]:
-    rng = random.Random(1)
-    tok = lambda n: [rng.randrange(10, 3400) for _ in range(n)]  # noqa: E731
-    prefix = tok(2 * block)
-    prompts = [tok(1), tok(5), prefix + tok(9), tok(block), tok(block + 1), tok(block - 1), tok(150),
-               tok(2 * block + 1), prefix + tok(7)]
-    one_block = prompts[EXTENDED[0]]
-    return prompts + [one_block + tok(block), one_block + tok(block + 1)]
-
-
-SHARED_PREFIX = (2, 8)  # indices of the two prompts that share a prefix
-# a one-block prompt, then two that extend it (exactly two blocks, and one token more), late
-# enough that it has finished: the decode engine takes its block from its own prefix cache
-EXTENDED = (3, 9, 10)
 
 CASES = {
     **{name: [f"strategy={name}"] for name in built_in_strategies()},  # a new strategy's YAML enrolls it
@@ -62,15 +45,6 @@ def expected_messages(case: str, blocks: int) -> int | None:
     return {"fused": 1, "fused-after_prefill": 1, "per_request_blocks": N_LAYERS, "layerwise": N_LAYERS,
             "layerwise-all_in_flight": N_LAYERS, "full_cache": N_LAYERS + 1,
             "per_request_blocks-per_block-bs64": max(N_LAYERS * blocks, 1), "custom-two_halves": 2}.get(case)
-
-
-def harness_on_edge_prompts(results_dir, tmp_path_factory, name: str, *overrides: str, env: dict | None = None,
-                            device: str = "cpu"):
-    block = 64 if "engine.block_size=64" in overrides else BLOCK
-    prompts = write_token_prompts(tmp_path_factory.mktemp(name) / "prompts.jsonl", edge_prompts(block))
-    return run_harness(results_dir / f"e2e-{name}", "workload=jsonl", f"workload.path={prompts}",
-                       "workload.concurrency=3", "sampling.max_tokens=8", *overrides,
-                       env=env, device=device)
 
 
 # make test: each built-in strategy once; the other cells (an outside strategy, per-block

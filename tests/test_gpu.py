@@ -11,7 +11,14 @@ import pytest
 
 from harness.resolvers import built_in_strategies
 from tests.conftest import ROOT, run_harness
-from tests.test_tp_cpu import worker_records
+from tests.helpers.runs import (
+    EXTENDED,
+    check_faults_caught,
+    check_passed,
+    edge_prompts,
+    harness_on_edge_prompts,
+    worker_records,
+)
 from transfer_strategies.tp import heads_of
 
 torch = pytest.importorskip("torch")
@@ -55,8 +62,6 @@ def test_prompts_extending_one_that_ended_on_a_block_boundary_on_cuda(strategy, 
     flight: two prompts extend a one-block prompt whose last slot the decode engine computed
     itself, in other bits than the prefill's on a GPU. Every strategy failed its digests here
     while every output matched: only the blocks a transfer wrote are judged now."""
-    from tests.test_e2e_cpu import EXTENDED, edge_prompts, harness_on_edge_prompts
-
     run = harness_on_edge_prompts(results_dir, tmp_path_factory, f"gpu-extended-{strategy}",
                                   f"strategy={strategy}", "workload.concurrency=4", device="cuda")
     assert run.code == 0, run.stderr[-3000:]
@@ -95,8 +100,6 @@ SCENARIOS = {
 
 @pytest.mark.parametrize("case", list(SCENARIOS))
 def test_scenarios_on_cuda(case, results_dir):
-    from tests.test_scenarios_cpu import check_faults_caught, check_passed
-
     run = run_harness(results_dir / f"gpu-scenario-{case}", "experiment=gpu_check", *SCENARIOS[case], device="cuda")
     if case.startswith("fault_"):
         check_faults_caught(run, case.split("-")[0].removeprefix("fault_"), requests=6)

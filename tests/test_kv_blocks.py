@@ -5,18 +5,10 @@ without runs, and for any subset of layers."""
 import pytest
 import torch
 
+from tests.helpers.kv import NUM_BLOCKS, layer_shape, make_kv
 from transfer_strategies.kv_blocks import KVBlocks, block_runs, in_memory_order
 
-NUM_BLOCKS = 32
 IDS = [[7], [3, 4, 5, 6, 7, 8, 9, 10], [3, 4, 5, 20, 21, 0, 1, 2, 30], [9, 2, 14, 5, 11, 0, 7, 3, 12, 1]]
-
-
-def layer_shape(block_dim: int) -> list[int]:
-    return [NUM_BLOCKS, 4, 3, 8] if block_dim == 0 else [2, NUM_BLOCKS, 4, 3]
-
-
-def make_kv(block_dim: int, n_layers: int = 3, fill=torch.randn) -> KVBlocks:
-    return KVBlocks({f"layer.{i}": fill(layer_shape(block_dim)) for i in range(n_layers)}, NUM_BLOCKS)
 
 
 def empty_for(kv: KVBlocks, n_blocks: int, n_layers: int) -> torch.Tensor:

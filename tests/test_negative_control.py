@@ -2,7 +2,7 @@
 
 import torch
 
-from tests.test_kv_blocks import make_kv
+from tests.helpers.kv import make_kv
 from transfer_strategies.digests import BlockDigests
 from transfer_strategies.negative_control import corrupt_received
 from transfer_strategies.scheduler import TransferRequest

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from tests.conftest import FULL, run_harness
-from tests.test_bad_input import assert_bad_input
+from tests.helpers.runs import assert_bad_input
 
 pytestmark = pytest.mark.engine
 

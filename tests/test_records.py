@@ -13,19 +13,10 @@ from harness.results import load_requests, load_runs
 from harness.schema import SCHEMA_VERSION
 from harness.sweep import format_rows, sweep_rows
 from harness.workload import Prompt, Workload, WorkloadError, jsonl, synthetic, text_prompts
+from tests.helpers.tokenizer import FakeTokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 resolvers.register()
-
-
-class FakeTokenizer:
-    all_special_ids = [0, 1]
-
-    def __len__(self):
-        return 50
-
-    def __call__(self, text):
-        return type("Enc", (), {"input_ids": [2 + (ord(c) % 40) for c in text]})()
 
 
 def test_jsonl_rows_are_on_disk_as_soon_as_written(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 from harness.offline.engine_pool import POOL
 from harness.resolvers import built_in_strategies
 from tests.conftest import FULL, cells, run_harness
+from tests.helpers.runs import check_faults_caught, check_passed
 
 pytestmark = pytest.mark.engine
 
@@ -28,16 +29,6 @@ def strategies(scenario: str) -> list:
 def scenario_cells(kinds: list[str]) -> list:
     """(kind, strategy) pairs of the fault scenarios, each kind's kept strategy in make test."""
     return [pytest.param(k, s, marks=() if KEPT[k] == s else FULL, id=f"{k}-{s}") for k in kinds for s in STRATEGIES]
-
-
-def check_passed(run, requests: int = 4) -> dict:
-    assert run.code == 0, run.stderr[-3000:]
-    s = run.summary
-    assert s["status"] == "ok" and s["match_rate"] == 1.0 and s["requests"] == requests
-    assert s["digest_failures"] == 0 and s["digest_checked"] == requests
-    assert s["kv_blocks_in_use"] == {"prefill": 0, "decode": 0}
-    assert s["kv_recomputed"] == s["kv_recomputed_preempted"]
-    return s
 
 
 @pytest.mark.parametrize("strategy", strategies("decode_preemption"))
@@ -70,29 +61,6 @@ def test_prefill_blocks_reused_right_after_a_send_are_sent_intact(results_dir, s
         reused += bool(seen & set(r["block_ids"]))
         seen |= set(r["block_ids"])
     assert reused, "the scenario should have handed a sent request's blocks to a later request"
-
-
-# what each fault scenario's faulted requests must show: vLLM's policy, the reason in the row
-FAULTS = {"drop": ("fail", "no KV arrived"), "delay": ("recompute", "no KV arrived"),
-          "truncate": ("fail", "truncated"), "flip": ("recompute", "checksum differs")}
-
-
-def check_faults_caught(run, kind: str, requests: int = 4) -> None:
-    assert run.code == 0, run.stderr[-3000:]
-    s = run.summary
-    assert s["status"] == "ok" and s["requests"] == requests
-    # every 2nd prompt's transfer (prompts 1, 3, ...), the warm-up's none
-    assert s["faults_injected"] == s["faults_caught"] == requests // 2 and s["faults_missed"] == 0
-    assert sorted(r["prompt_idx"] for r in run.jsonl("requests.jsonl") if r["fault"]) == list(range(1, requests, 2))
-    assert s["kv_blocks_in_use"] == {"prefill": 0, "decode": 0}
-    policy, reason = FAULTS[kind]
-    for r in run.jsonl("requests.jsonl"):
-        if r["fault"] is None:
-            assert r["match"] and r["digest_match"] and r["error"] is None and not r["kv_recomputed"]
-        elif policy == "fail":  # vLLM failed the request, the row says why
-            assert reason in r["error"] and not r["match"]  # cut short
-        else:  # vLLM recomputed it: the right output, and the row says so
-            assert reason in r["error"] and r["kv_recomputed"] and r["match"]
 
 
 # Ordered so that runs configured alike follow each other (a fault travels with its request, so

@@ -3,7 +3,6 @@ request rows; results/README.md documents exactly the fields that exist."""
 
 import json
 import re
-import tempfile
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -19,9 +18,10 @@ from harness.schema import (
     ServeRow,
     field_names,
 )
-from harness.serving.serve_summary import LATENCIES, ROUTER_MARKS, serve_summary
+from harness.serving.serve_summary import LATENCIES, ROUTER_MARKS
 from harness.transfers import TIMELINE, TransferStats, ttft_overhead_parts
 from harness.workload import Prompt
+from tests.helpers.serving import serve_rows, serve_summary_of
 from transfer_strategies.records import ComputeRecord, TransferRecord, TransferRecordReader, TransferRecordWriter
 
 README = Path(__file__).resolve().parent.parent / "results" / "README.md"
@@ -64,48 +64,24 @@ def test_readme_documents_every_summary_key_and_no_other():
     assert expand(documented("summary.json")) == set(summary) | {"recomputed", "diagnosis", "link_ceiling_gbps"}
 
 
-def _serve_summary(rows: list[dict]) -> dict:
-    """serve_summary over these rows (their paths say which file each goes in)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        d = Path(tmp)
-        (d / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["path"] == "disagg"))
-        (d / "baseline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["path"] != "disagg"))
-        cfg = OmegaConf.create({"strategy": {"name": "fused"}, "model": {"name": "m"}, "workload": {"name": "w"},
-                                "serve": {"request_rate": 4.0, "max_concurrency": None},
-                                "arrivals": {"name": "poisson"},
-                                "slo": {"ttft_ms": None, "tpot_ms": None}})
-        return serve_summary(d, cfg, status="ok", error=None, run_id="r", device="cpu", timings={},
-                             kv_usage={"prefill": 0.0, "decode": 0.0}, external=False)
-
-
-def _serve_rows(n: int = 3) -> list[dict]:
-    marks = {"disagg": (4.0, 6.0), "baseline": (None, None), "baseline_repeat": (None, None)}
-    return [dict(dict.fromkeys(field_names(ServeRow)), path=path, status="ok", sent_s=0.1 * i, arrival_s=0.1 * i,
-                 ttft_ms=5.0, request_idx=i,
-                 prefill_ttft_ms=marks[path][0], decode_ttft_ms=marks[path][1], tpot_ms=1.0, e2e_ms=20.0,
-                 itl_ms=[1.0], output_len=4, meets_slo=True, match=True, digest_match=True, kv_recomputed=False,
-                 decode_preemptions=0)
-            for path in ("disagg", "baseline", "baseline_repeat") for i in range(n)]
-
-
 def test_a_serving_mismatch_at_a_near_tie_does_not_fail_the_run():
     """As offline: a P/D output that differs at a near tie is counted (near_ties) and judged
     beside the baseline's own noise without it; one that differs otherwise fails the run."""
-    rows = _serve_rows()
+    rows = serve_rows()
     rows[0].update(match=False, first_divergence=0, near_tie=True)
-    s = _serve_summary(rows)
+    s = serve_summary_of(rows)
     assert s["status"] == "ok" and s["mismatches"] == 1 and s["near_ties"] == 1 and s["match_rate"] == 2 / 3
     rows[1].update(match=False, first_divergence=3, near_tie=False)
-    s = _serve_summary(rows)
+    s = serve_summary_of(rows)
     assert s["status"] == "mismatch" and s["exit_code"] == 1
     assert s["error"].startswith("1 output(s) differ from the baseline's (besides 1 at a near tie)")
     rows[6].update(match=False)  # the baseline's second pass differs from its first once: the noise
-    assert _serve_summary(rows)["status"] == "ok"
+    assert serve_summary_of(rows)["status"] == "ok"
 
 
 def test_readme_documents_every_serving_field_and_summary_key_and_no_other():
     assert documented("runner=serve: requests.jsonl") == set(field_names(ServeRow))
-    summary = _serve_summary(_serve_rows())
+    summary = serve_summary_of(serve_rows())
     names = set()
     for n in documented("runner=serve: summary.json"):
         subs = LATENCIES if "<latency>" in n else ROUTER_MARKS if "<mark>" in n else ("",)

@@ -18,8 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
 import harness.__main__  # noqa: F401 - registers the config's resolvers
 from harness import process_group
@@ -31,16 +29,9 @@ from harness.serving.instances import InstanceDied, ServerProcess, serve_command
 from harness.serving.load import TIMED_OUT, LoadSpec, arrival_schedule
 from harness.serving.router import Pool, Router
 from tests.conftest import FULL, SLOW, refused_in_process, run_harness
+from tests.helpers.serving import config
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def config(*overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=["device=cpu", "engine.max_model_len=512", "engine.kv_cache_gib=0.25",
-                                           *overrides])
-    OmegaConf.resolve(cfg)
-    return cfg
 
 
 def test_engine_arguments_become_vllm_serve_flags():

@@ -27,7 +27,7 @@ from harness.records import read_jsonl
 from harness.serving.instances import vllm_instance
 from harness.serving.load import ScheduledRequest, send_one
 from tests.conftest import ROOT, run_harness
-from tests.test_serve_cpu import config
+from tests.helpers.serving import config
 
 crosscheck = runpy.run_path(str(ROOT / "scripts" / "bench_crosscheck.py"))["crosscheck"]
 

@@ -17,9 +17,7 @@ import pytest
 from harness.offline.engine_pool import POOL
 from harness.resolvers import built_in_strategies
 from tests.conftest import FULL, ROOT, cells, run_harness
-from tests.test_e2e_cpu import edge_prompts, harness_on_edge_prompts
-from tests.test_scenarios_cpu import check_faults_caught
-from transfer_strategies.records import rank_path
+from tests.helpers.runs import check_faults_caught, edge_prompts, harness_on_edge_prompts, worker_records
 from transfer_strategies.tp import heads_of
 
 pytestmark = pytest.mark.engine
@@ -56,13 +54,6 @@ def tp_run(request, results_dir, tmp_path_factory):
     POOL.close()  # the engines this run kept for the next one: what they leave is the run's
     run.shm_left = set(os.listdir("/dev/shm")) - shm_before
     return run
-
-
-def worker_records(run, side: str, tp: int) -> list[list[dict]]:
-    """Each worker's transfer records (warm-up excluded), by rank."""
-    name = "prefill-transfers.jsonl" if side == "send" else "decode-transfers.jsonl"
-    return [[r for r in map(json.loads, rank_path(run.run_dir / name, rank).read_text().splitlines())
-             if not r["transfer_id"].endswith("--1")] for rank in range(tp)]
 
 
 def test_every_output_and_every_heads_digest_match(tp_run):

@@ -7,155 +7,20 @@ import pytest
 import torch
 
 from tests.conftest import TRANSPORT_KINDS
+from tests.helpers.transport import MiB, check_messages_arrive, check_staging_pressure, open_end, run_pair
 from transfer_strategies.connector_config import TransportSettings
 from transfer_strategies.transport import open_channel, remove_leftovers
 
-MiB = 2**20
-
-
-def _open(role, rendezvous, kind, device="cpu", timeout_s=60):
-    return open_channel(role, torch.device(device), TransportSettings(kind, staging_mb=8), rendezvous, "127.0.0.1",
-                        timeout_s)
-
-
-def _run_pair(tmp_path, sender, receiver, *args, results=1, timeout=90):
-    """Sender and receiver in two spawned processes (as the engines' workers are); returns what the
-    receiver put on its queue."""
-    ctx = mp.get_context("spawn")
-    rendezvous, out = str(tmp_path / "port"), ctx.Queue()
-    rx = ctx.Process(target=receiver, args=(rendezvous, out, *args))
-    tx = ctx.Process(target=sender, args=(rendezvous, out, *args))
-    rx.start()
-    tx.start()
-    try:
-        got = [out.get(timeout=timeout) for _ in range(results)]
-    finally:
-        tx.join(30)
-        rx.join(30)
-        for p in (tx, rx):
-            if p.is_alive():
-                p.kill()
-        remove_leftovers(rendezvous)  # in case a side died before both mapped the buffer
-    assert tx.exitcode == 0 and rx.exitcode == 0
-    return got
-
-
-def _fill(n, i):
-    return torch.arange(n, dtype=torch.float32) + i
-
 
 # --------------------------------------------------------------------------- messages arrive whole
-def _sender(rendezvous, out, kind, sizes, devices=("cpu", "cpu")):
-    device = devices[0]
-    ch = _open("sender", rendezvous, kind, device)
-    for i, n in enumerate(sizes):
-        buf = ch.alloc(n * 4).view(torch.float32)  # built in the channel's buffer: no staging copy
-        buf.copy_(_fill(n, i).to(device))
-        ch.send(f"t{i}", 0, 2, buf, background=True, t0=1.0)  # a GPU's doorbell rings from the channel's thread
-        ch.send(f"t{i}", 1, 2, torch.full((3,), float(i), device=device))  # built elsewhere: staged by the channel
-        ch.flush()
-        assert (ch.last_written is not None) == device.startswith("cuda")
-    ch.alloc(8 * MiB)  # the whole buffer: free again once the receiver released every transfer
-    os._exit(0)
-
-
-def _receive_all(rendezvous, out, kind, sizes, devices=("cpu", "cpu")):
-    ch = _open("receiver", rendezvous, kind, devices[1])
-    for i, n in enumerate(sizes):
-        first, second = ch.wait(f"t{i}")
-        ok = first.payload.device == second.payload.device == torch.device(devices[1])
-        ok = ok and torch.equal(first.payload.view(torch.float32).cpu(), _fill(n, i))
-        ok = ok and torch.equal(second.payload.view(torch.float32).cpu(), torch.full((3,), float(i)))
-        out.put((ok, first.payload.numel(), first.meta.get("t0"), first.count, first.delivered <= first.arrived))
-        ch.release(f"t{i}")
-    out.close()
-    out.join_thread()
-    os._exit(0)  # like the engines: no teardown race with gloo's threads while the peer exits
-
-
 @pytest.mark.parametrize("kind", TRANSPORT_KINDS)
 def test_messages_arrive_whole_and_in_place(kind, tmp_path):
     check_messages_arrive(tmp_path, kind)
 
 
-def check_messages_arrive(tmp_path, kind, devices=("cpu", "cpu")):
-    sizes = [0, 1, 1000, 300_000, 1_000_000]  # up to 4 MB; 8 MiB staging forces buffer reuse
-    got = _run_pair(tmp_path, _sender, _receive_all, kind, sizes, devices, results=len(sizes))
-    assert got == [(True, n * 4, 1.0, 2, True) for n in sizes]
-
-
 # --------------------------------------------------------------------------- a full staging buffer
-# What deadlocked full_cache at concurrency 4: one prefill step sends more than the buffer holds,
-# and the decode worker uses none of it until that step is over.
-PRESSURE = [(f"r{i}", j, 5, (i + 1) * 0.3 * MiB) for i in range(4) for j in range(5)]  # 4 requests, 5 messages
-
-
-def _pressure_sender(rendezvous, out, sent, devices=("cpu", "cpu")):
-    device = devices[0]
-    ch = _open("sender", rendezvous, "staged", device, timeout_s=20)
-    errors = []
-    too_big = torch.empty(8 * MiB + 1, dtype=torch.uint8, device=device)
-    for attempt in (lambda: ch.alloc(too_big.numel()), lambda: ch.send("big", 0, 1, too_big)):
-        try:
-            attempt()
-        except ValueError as e:
-            errors.append(str(e))
-    # Like fused's prepare_send: three 3 MiB payloads allocated before any is sent (9 MiB > 8)
-    prepared = [ch.alloc(3 * MiB) for _ in range(3)]
-    for k, buf in enumerate(prepared):
-        buf.fill_(k + 1)
-    for k, buf in enumerate(prepared):
-        ch.send(f"p{k}", 0, 1, buf)
-    for tid, j, count, nbytes in PRESSURE:
-        payload = _fill(int(nbytes) // 4, j).to(device)
-        if j % 2:  # built elsewhere
-            ch.send(tid, j, count, payload, background=j < count - 1)
-        else:
-            ch.send(tid, j, count, ch.alloc(payload.numel() * 4).view(torch.float32).copy_(payload))
-    ch.send("whole", 0, 1, torch.full((8 * MiB,), 7, dtype=torch.uint8, device=device))  # the size of the whole buffer
-    ch.flush()
-    sent.set()
-    out.put(("sender", errors))
-    out.close()
-    out.join_thread()
-    os._exit(0)
-
-
-def _pressure_receiver(rendezvous, out, sent, devices=("cpu", "cpu")):
-    ch = _open("receiver", rendezvous, "staged", devices[1], timeout_s=20)
-    sent.wait(60)  # nothing used before the sender has sent everything
-    ok = []
-    for k in range(3):
-        (msg,) = ch.wait(f"p{k}")
-        ok.append(bool((msg.payload == k + 1).all()))
-        ch.release(f"p{k}")
-    base, end = ch.staging.data_ptr(), ch.staging.data_ptr() + ch.staging.numel()
-    moved = 0
-    for tid in dict.fromkeys(t for t, *_ in PRESSURE):
-        msgs = ch.wait(tid)
-        for msg, (_, j, _, nbytes) in zip(msgs, [p for p in PRESSURE if p[0] == tid], strict=True):
-            ok.append(msg.payload.device == ch.staging.device)  # moved out on the buffer's own device
-            ok.append(torch.equal(msg.payload.view(torch.float32).cpu(), _fill(int(nbytes) // 4, j)))
-            moved += not base <= msg.payload.data_ptr() < end
-        ch.release(tid)
-    (whole,) = ch.wait("whole")
-    ok.append(bool((whole.payload == 7).all()) and whole.payload.numel() == 8 * MiB)
-    out.put(("receiver", (all(ok), moved > 0)))
-    out.close()
-    out.join_thread()
-    os._exit(0)
-
-
 def test_more_than_the_buffer_holds_arrives_before_the_receiver_uses_any(tmp_path):
     check_staging_pressure(tmp_path)
-
-
-def check_staging_pressure(tmp_path, devices=("cpu", "cpu")):
-    sent = mp.get_context("spawn").Event()
-    got = dict(_run_pair(tmp_path, _pressure_sender, _pressure_receiver, sent, devices, results=2))
-    assert len(got["sender"]) == 2 and all("transport.staging_mb" in e for e in got["sender"]), got["sender"]
-    # every message intact, and some were moved out of the staging buffer to make room
-    assert got["receiver"] == (True, True)
 
 
 # --------------------------------------------------------------------------- fan-in: 2 prefill workers, 1 decode
@@ -228,7 +93,7 @@ def test_a_decode_worker_takes_kv_from_two_prefill_workers(kind, tmp_path):
 def _unwaited_sender(rendezvous, out, kind):
     import time
 
-    ch = _open("sender", rendezvous, kind)
+    ch = open_end("sender", rendezvous, kind)
     while not os.path.exists(rendezvous + ".registered"):  # sent after the receiver asked, not before
         time.sleep(0.01)
     ch.send("drain", 0, 2, ch.alloc(3 * MiB).fill_(1))
@@ -240,7 +105,7 @@ def _unwaited_sender(rendezvous, out, kind):
 def _unwaited_receiver(rendezvous, out, kind):
     import threading
 
-    ch = _open("receiver", rendezvous, kind)
+    ch = open_end("receiver", rendezvous, kind)
     done = threading.Event()
     got = []
 
@@ -264,7 +129,7 @@ def _unwaited_receiver(rendezvous, out, kind):
 def test_a_transfer_nothing_waits_for_is_taken_by_the_receiver_thread_when_it_comes(kind, tmp_path):
     """A decode request whose blocks were all in the decode engine's prefix cache: its KV still
     comes, and must be checked and its staging space freed though no engine step may follow."""
-    ((got, still_there, now),) = _run_pair(tmp_path, _unwaited_sender, _unwaited_receiver, kind)
+    ((got, still_there, now),) = run_pair(tmp_path, _unwaited_sender, _unwaited_receiver, kind)
     assert got == [([0, 1], "kv-recv", [1.0, 2.0])] and still_there == [] and now == []
 
 

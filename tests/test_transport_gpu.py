@@ -4,7 +4,7 @@ workers are: on one GPU, and from one GPU into another's buffer when there are t
 import pytest
 import torch
 
-from tests.test_transport import check_messages_arrive, check_staging_pressure
+from tests.helpers.transport import check_messages_arrive, check_staging_pressure
 
 pytestmark = pytest.mark.gpu
 

@@ -1,7 +1,7 @@
 """One set of rules decides a run's status for both runners (harness/verdict.py)."""
 
 from harness.verdict import judge
-from tests.test_schema import _serve_rows, _serve_summary
+from tests.helpers.serving import serve_rows, serve_summary_of
 
 CLEAN = {"transfer_errors": 0, "digest_failures": 0, "digest_checked": 4, "mismatches": 0, "near_ties": 0,
          "kv_recomputed": 0, "kv_recomputed_preempted": 0}
@@ -32,9 +32,9 @@ def test_noise_near_ties_and_expected_recomputes_are_not_failures():
 
 
 def test_serving_reports_a_digest_failure_as_a_mismatch_as_offline_runs_do():
-    rows = _serve_rows()
+    rows = serve_rows()
     rows[0].update(digest_match=False)
-    s = _serve_summary(rows)
+    s = serve_summary_of(rows)
     assert s["status"] == "mismatch" and s["exit_code"] == 1 and s["error"].startswith("1 of 3 transfers")
 
 
@@ -42,17 +42,17 @@ def test_serving_judges_faulted_and_aborted_requests_apart():
     """runner=serve under a scenario, as offline: a faulted request that failed with a reason (or
     was recomputed to the right output) is a caught fault, not a failed request; one that ended
     as if nothing happened is a missed fault; an aborted request is cancelled, not judged."""
-    rows = _serve_rows(4)
+    rows = serve_rows(4)
     rows[1].update(fault="drop", status="failed", error="HTTP 500", match=None, digest_match=None,
                    transfer_error="no KV arrived for transfer t within 5 s")
     rows[2].update(fault="delay", kv_recomputed=True)  # recomputed to the right output
     rows[3].update(aborted="client", status="cancelled", match=None, transfer_error="aborted")
-    s = _serve_summary(rows)
+    s = serve_summary_of(rows)
     assert s["status"] == "ok", s["error"]
     assert (s["faults_injected"], s["faults_caught"], s["faults_missed"], s["aborted"]) == (2, 2, 0, 1)
     assert s["transfer_errors"] == 0 and s.get("kv_recomputed", 0) == 0 and s["failed"] == 1
     rows[2].update(kv_recomputed=False)  # the delayed KV was used as if on time: the fault went unseen
-    s = _serve_summary(rows)
+    s = serve_summary_of(rows)
     assert s["status"] == "fault_missed" and s["error"].startswith("1 of 2 injected transport faults")
     rows[2].update(kv_recomputed=True, match=False)  # recomputed, but to another output
-    assert _serve_summary(rows)["status"] == "fault_missed"
+    assert serve_summary_of(rows)["status"] == "fault_missed"

@@ -10,7 +10,8 @@ import harness.offline.pipeline
 from harness.offline.pipeline import pipeline
 from harness.records import prefix_hit_lines, summarize
 from harness.workload import WorkloadError, multiturn, warmup_workload
-from tests.test_records import FakeTokenizer
+from tests.helpers.config import compose_job
+from tests.helpers.tokenizer import FakeTokenizer
 
 BLOCK = 32
 
@@ -136,7 +137,6 @@ def test_the_composed_config_builds_conversations_that_follow_the_engines_and_th
     """As `python -m harness workload=multiturn ...` composes it: answer_len is sampling.max_tokens
     and the block boundaries are engine.block_size's."""
     from harness.workload import build_workload
-    from tests.test_config import compose_job
 
     cfg = compose_job(["workload=multiturn", "workload.num_conversations=2", "workload.turns=3",
                        "sampling.max_tokens=8", "engine.block_size=64"])

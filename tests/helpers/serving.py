@@ -1,0 +1,46 @@
+"""Serving without instances: the config `python -m harness` composes on CPU for a serving
+instance's small KV cache, resolved, and request rows of a serving run with the summary
+harness/serving/serve_summary.py makes of them."""
+
+import json
+import tempfile
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from harness.schema import ServeRow, field_names
+from harness.serving.serve_summary import serve_summary
+from tests.conftest import ROOT
+
+
+def config(*overrides: str):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=["device=cpu", "engine.max_model_len=512", "engine.kv_cache_gib=0.25",
+                                           *overrides])
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+def serve_summary_of(rows: list[dict]) -> dict:
+    """serve_summary over these rows (their paths say which file each goes in)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        (d / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["path"] == "disagg"))
+        (d / "baseline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["path"] != "disagg"))
+        cfg = OmegaConf.create({"strategy": {"name": "fused"}, "model": {"name": "m"}, "workload": {"name": "w"},
+                                "serve": {"request_rate": 4.0, "max_concurrency": None},
+                                "arrivals": {"name": "poisson"},
+                                "slo": {"ttft_ms": None, "tpot_ms": None}})
+        return serve_summary(d, cfg, status="ok", error=None, run_id="r", device="cpu", timings={},
+                             kv_usage={"prefill": 0.0, "decode": 0.0}, external=False)
+
+
+def serve_rows(n: int = 3) -> list[dict]:
+    marks = {"disagg": (4.0, 6.0), "baseline": (None, None), "baseline_repeat": (None, None)}
+    return [dict(dict.fromkeys(field_names(ServeRow)), path=path, status="ok", sent_s=0.1 * i, arrival_s=0.1 * i,
+                 ttft_ms=5.0, request_idx=i,
+                 prefill_ttft_ms=marks[path][0], decode_ttft_ms=marks[path][1], tpot_ms=1.0, e2e_ms=20.0,
+                 itl_ms=[1.0], output_len=4, meets_slo=True, match=True, digest_match=True, kv_recomputed=False,
+                 decode_preemptions=0)
+            for path in ("disagg", "baseline", "baseline_repeat") for i in range(n)]
