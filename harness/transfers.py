@@ -18,6 +18,8 @@ from transfer_strategies.records import (
     rank_path,
 )
 
+RECEIVE_WAIT_S = 30.0
+
 
 class TransferStats:
     """The connectors' records, read as they are appended: each file from where the last read
@@ -72,10 +74,17 @@ class TransferStats:
         found = self._take(transfer_id, side, 0.0)
         return found[0] if found else None
 
-    def take_transfer(self, transfer_id: str) -> tuple[TransferRecord | None, TransferRecord | None, bool | None]:
+    def take_transfer(self, transfer_id: str, received: bool = True
+                      ) -> tuple[TransferRecord | None, TransferRecord | None, bool | None]:
         """Both sides' records, each merged over its engine's workers, and whether the decode
-        workers hold what the prefill workers sent, head by head (records.digests_agree)."""
-        sends, receives = self._take(transfer_id, "send", 1.0), self._take(transfer_id, "receive", 1.0)
+        workers hold what the prefill workers sent, head by head (records.digests_agree).
+        received: the decode request ended having taken its KV (not aborted), so once the prefill
+        workers sent bytes a receive record must come: it is waited for up to RECEIVE_WAIT_S, not
+        1 s (on the 2-core machine under TP a decode worker's record once came later than 1 s
+        after its request ended, and the transfer went unjudged)."""
+        sends = self._take(transfer_id, "send", 1.0)
+        must_come = received and self.expected and any(s.bytes and not s.error for s in sends)
+        receives = self._take(transfer_id, "receive", RECEIVE_WAIT_S if must_come else 1.0)
         return (merge_ranks(sends) if sends else None, merge_ranks(receives) if receives else None,
                 digests_agree(sends, receives, self.workers["send"], self.workers["receive"]))
 

@@ -225,3 +225,25 @@ def test_faults_count_as_caught_when_the_request_failed_or_was_recomputed_right(
     s = summarize(rows)
     assert (s["faults_injected"], s["faults_caught"], s["faults_missed"]) == (3, 2, 1)
     assert "faults_injected" not in summarize([_request_row(match=True)])
+
+
+def test_a_receive_record_that_comes_late_is_waited_for_when_the_kv_was_sent(tmp_path):
+    """A decode worker writes its record off the engine's step: under TP on the 2-core machine one
+    came more than 1 s after its request ended, and the transfer went unjudged. Once the prefill
+    sent bytes and the decode request took its KV, the record must come: it is waited for; an
+    aborted request's (none may come) is not waited for past 1 s."""
+    import threading
+    import time
+
+    sends, receives = tmp_path / "prefill-transfers.jsonl", tmp_path / "decode-transfers.jsonl"
+    stats = TransferStats(sends, receives, expected=True)
+    for tid in ("late", "aborted"):
+        TransferRecordWriter(sends).write(_record("send", tid, digests={"all": ["aa"]}))
+    later = threading.Timer(2.0, lambda: TransferRecordWriter(receives).write(
+        _record("receive", "late", digests={"all": ["aa"]})))
+    later.start()
+    t0 = time.monotonic()
+    send, recv, agree = stats.take_transfer("late")
+    assert recv is not None and agree is True and 1.9 < time.monotonic() - t0 < 10
+    t0 = time.monotonic()
+    assert stats.take_transfer("aborted", received=False)[1] is None and time.monotonic() - t0 < 2

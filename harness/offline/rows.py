@@ -29,7 +29,8 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
     """requests.jsonl's row for one prompt: the two engines' results, the baseline's row, both
     sides' transfer records and the request's timeline."""
     pre, dec = results
-    send, recv, digest_match = stats.take_transfer(transfer_id)
+    send, recv, digest_match = stats.take_transfer(transfer_id, received=dec.get("finish_reason") not in ("abort",
+                                                                                                       "error"))
     computed = compute_fields(stats.take(transfer_id, "prefill"), stats.take(transfer_id, "decode"))
 
     def sent(name):

@@ -155,7 +155,8 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, ba
     send = recv = digest_match = None
     computed = compute_fields(None, None)
     if stats is not None and r.transfer_id:
-        send, recv, digest_match = stats.take_transfer(r.transfer_id)
+        # a request the client abandoned may have left before its KV was taken: no receive record to wait for
+        send, recv, digest_match = stats.take_transfer(r.transfer_id, received=r.status == "ok")
         computed = compute_fields(stats.take(r.transfer_id, "prefill"), stats.take(r.transfer_id, "decode"))
     kv_ms = None
     if send is not None and recv is not None and send.t_forward_done and recv.t_kv_ready:
