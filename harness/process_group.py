@@ -59,12 +59,17 @@ def semaphores() -> set[str]:
     return {SHM + name for name in os.listdir(SHM) if name.startswith("sem.mp-")}
 
 
+def unmapped(paths: set[str]) -> set[str]:
+    """Those of `paths` (/dev/shm files) that no live process maps: what stopped processes left
+    behind, not what a process still running (another run beside this one) uses."""
+    if not paths:
+        return set()
+    return paths - set().union(*(_mapped_by(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()))
+
+
 def remove_unmapped(paths: set[str]) -> None:
     """Unlink those of `paths` that no live process maps any more."""
-    if not paths:
-        return
-    still_mapped = set().union(*(_mapped_by(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()))
-    for path in paths - still_mapped:
+    for path in unmapped(paths):
         with contextlib.suppress(FileNotFoundError, PermissionError):
             os.unlink(path)
 

@@ -11,10 +11,13 @@ decode worker, and every one of them must see it.
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
+from harness import process_group
 from harness.offline.engine_pool import POOL
+from harness.process_group import SHM
 from harness.resolvers import built_in_strategies
 from tests.conftest import FULL, ROOT, cells, run_harness
 from tests.helpers.runs import check_faults_caught, edge_prompts, harness_on_edge_prompts, worker_records
@@ -25,6 +28,12 @@ pytestmark = pytest.mark.engine
 N_HEADS = json.loads((ROOT / "models" / "tiny-llama" / "config.json").read_text())["num_key_value_heads"]
 STRATEGIES = built_in_strategies()
 DEGREES = [(1, 2), (2, 1), (2, 2)]
+
+
+def left_in_shm(before: set[str]) -> set[str]:
+    """/dev/shm files that appeared since `before` and that no live process maps: what the run's
+    stopped engines left, not the segments of anything still running beside the tests."""
+    return {Path(f).name for f in process_group.unmapped({SHM + n for n in set(os.listdir(SHM)) - before})}
 
 
 def tp_overrides(p: int, d: int) -> list[str]:
@@ -52,7 +61,7 @@ def tp_run(request, results_dir, tmp_path_factory):
                                   *tp_overrides(p, d))
     run.degrees = (p, d)
     POOL.close()  # the engines this run kept for the next one: what they leave is the run's
-    run.shm_left = set(os.listdir("/dev/shm")) - shm_before
+    run.shm_left = left_in_shm(shm_before)
     return run
 
 
@@ -133,4 +142,4 @@ def test_transport_faults_are_caught_on_every_worker(kind, strategy, p, d, resul
     check_faults_caught(run, kind)
     assert not any(any(h.values()) for h in run.summary["transfer_held"].values())
     POOL.close()
-    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    assert left_in_shm(shm_before) == set()
