@@ -133,6 +133,10 @@ def check_settings(cfg: DictConfig) -> None:
     if submit == "early" and not submits_early(s):
         raise ConfigError(f"run.decode_submit=early: strategy {s.name!r} ({s.connector}) needs the prefill engine's "
                           f"answer before the decode request can go (use run.decode_submit=after_prefill)")
+    drop = cfg.check.get("max_accuracy_drop")
+    if drop is not None and (isinstance(drop, bool) or not isinstance(drop, (int, float)) or not 0 <= drop <= 1):
+        raise ConfigError(f"check.max_accuracy_drop must be a number from 0 to 1 (a share of exact matches) or null, "
+                          f"got {drop!r}")
     policy = cfg.run.get("kv_load_failure_policy")
     if policy not in (None, "fail", "recompute"):
         raise ConfigError(f"run.kv_load_failure_policy must be fail, recompute or null (vLLM's default), "
@@ -323,6 +327,18 @@ def load_connector(strategy: DictConfig) -> type:
     return cls
 
 
+def check_lossy(cfg: DictConfig, connector: type | None) -> None:
+    """A lossy strategy's payload (codecs.py) is not cut by KV head, as the channel cuts the KV
+    between engines of different tensor-parallel degrees: it needs equal degrees."""
+    if getattr(connector, "codec", None) is None:
+        return
+    p, d = tp_degree(cfg, "prefill"), tp_degree(cfg, "decode")
+    if p != d:
+        raise ConfigError(f"strategy {cfg.strategy.name!r} is lossy ({connector.codec}): its compressed payload is "
+                          f"not cut by KV head, so the prefill and decode engines need equal tensor_parallel_size "
+                          f"(got {p} and {d})")
+
+
 def checked_inputs(cfg: DictConfig) -> tuple[str, Workload]:
     """The device and the workload, once everything about the config, the model and the prompts
     that can be known before any engine starts has been checked."""
@@ -330,7 +346,9 @@ def checked_inputs(cfg: DictConfig) -> tuple[str, Workload]:
         check_settings(cfg)
         check_placement(cfg)  # this machine's addresses and namespaces
         device = resolve_device(cfg)
-        check_strategy_params(cfg.strategy, load_connector(cfg.strategy))
+        connector = load_connector(cfg.strategy)
+        check_strategy_params(cfg.strategy, connector)
+        check_lossy(cfg, connector)
         check_block_size(cfg.engine.block_size, device)
         workload = build_workload(cfg.workload, load_tokenizer(str(cfg.model.path)))
         check_weights(cfg.model)

@@ -20,7 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import scenario
+from harness import accuracy, scenario
+from harness.accuracy import accuracy_cost
 from harness.schema import CRITICAL_PATH, OVERHEAD_PARTS, SCHEMA_VERSION, SUMMARY_METRICS, UNVERSIONED
 from harness.stats import Column, format_value, p50_with_interval, percentile
 from harness.stats import format_table as stats_table
@@ -211,7 +212,9 @@ def run_summary(rows: list[dict], *, status: str, error: str | None, run_id: str
     """summary.json: the statistics of the rows and what the run says about itself
     (cudagraph_modes: None for results recorded before it was; run_facts: decode_submit,
     kv_blocks_in_use)."""
-    out = {**summarize(rows), "status": status, "error": error, "run_id": run_id, "strategy": strategy,
+    out = summarize(rows)
+    out.update(accuracy_cost(rows, out.get("match_rate"), run_facts.get("baseline_self_match_rate")))
+    out = {**out, "status": status, "error": error, "run_id": run_id, "strategy": strategy,
            "model": model, "workload": workload, "device": device, "copy_ceiling_gbps": copy_ceiling_gbps,
            "timings": timings, "engine_pids": engine_pids, **run_facts}
     if cudagraph_modes is not None:
@@ -243,7 +246,7 @@ def format_table(rows: list[dict], summary: dict) -> str:
         f"  ttft p50 {f(s.get('ttft_ms_p50'), '.1f')} ms (baseline {f(s.get('base_ttft_ms_p50'), '.1f')})"
         f"  e2e p50 {f(s.get('e2e_ms_p50'), '.1f')} ms (baseline {f(s.get('base_e2e_ms_p50'), '.1f')})"
         f"  transfer p50 {f(s.get('transfer_ms_p50'), '.2f')} ms p90 {f(s.get('transfer_ms_p90'), '.2f')} ms"
-        f"  {f(s.get('transfer_gbps'), '.2f')} GB/s", *overhead_lines(s), *scenario.lines(s),
+        f"  {f(s.get('transfer_gbps'), '.2f')} GB/s", *overhead_lines(s), *accuracy.line(s), *scenario.lines(s),
         *prefix_hit_lines(s)])
 
 

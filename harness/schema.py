@@ -116,6 +116,14 @@ class RequestRow:
     aborted: str | None  # which of its requests the harness aborted (scenario.aborts): prefill, decode, prefill+decode
     token_ids: list[int]
     base_token_ids: list[int]
+    # a lossy strategy's (from version 12; None for a lossless one): harness/accuracy.py codec_fields
+    codec: str | None = None
+    codec_encode_ms: float | None = None  # the sender compressing (after its gather)
+    codec_decode_ms: float | None = None  # the receiver reconstructing (before its scatter)
+    codec_max_abs: float | None = None  # the reconstruction's error, measured on the sender: largest over layers
+    codec_mean_abs: float | None = None  # mean over layers of the mean |error|
+    codec_max_rel: float | None = None  # largest over layers of (largest |error| / largest |value|)
+    codec_mean_rel: float | None = None  # mean over layers of (mean |error| / mean |value|)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
@@ -174,6 +182,14 @@ class ServeRow:
     # X-KV-Fault header), and "client" where the client abandoned it at a random time (scenario.aborts)
     fault: str | None = None
     aborted: str | None = None
+    # P/D path, a lossy strategy's (from version 12): as in RequestRow
+    codec: str | None = None
+    codec_encode_ms: float | None = None
+    codec_decode_ms: float | None = None
+    codec_max_abs: float | None = None
+    codec_mean_abs: float | None = None
+    codec_max_rel: float | None = None
+    codec_mean_rel: float | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:

@@ -5,7 +5,10 @@ means one thing whichever runner wrote it. The first rule that holds decides:
     transfer_failed  a request's KV was not loaded (a transfer error)
     mismatch         a block's digests differ, or more outputs differ from the baseline's than
                      the baseline's own second pass differs from its first (greedy decoding's
-                     noise), near ties not counted (harness/compare.py)
+                     noise), near ties not counted (harness/compare.py); a lossy strategy's
+                     outputs may differ (its digests judge the transport: codecs.py)
+    accuracy_drop    the exact-match rate fell more than check.max_accuracy_drop below the
+                     baseline's own rerun's (harness/accuracy.py; any strategy, when set)
     kv_recomputed    a decode engine computed a prompt it was sent, not preempted (unless the
                      scenario expects it)
     fault_missed     an injected transport fault went unseen (scenarios)
@@ -20,11 +23,14 @@ from harness.records import unexplained_recomputes
 
 def judge(counts: dict, *, noise: int, expect_recompute: bool = False, first_transfer_error: str | None = None,
           faults: tuple[int, int] = (0, 0), held: dict | None = None,
-          failed_requests: list[str] | None = None) -> tuple[str, str | None]:
+          failed_requests: list[str] | None = None, lossy: bool = False, accuracy_drop: float | None = None,
+          max_accuracy_drop: float | None = None) -> tuple[str, str | None]:
     """(status, the one-line reason or None when ok). counts: the summary's transfer_errors,
     digest_failures, digest_checked, mismatches, near_ties, kv_recomputed(_preempted); noise: the
     baseline's mismatches with itself; faults: (missed, injected); held: what is still held, by
-    engine (only what is non-empty); failed_requests: a line per request that failed."""
+    engine (only what is non-empty); failed_requests: a line per request that failed; lossy: the
+    strategy moves a compressed image of the KV (outputs are measured, not required to match);
+    accuracy_drop, max_accuracy_drop: the summary's and check.max_accuracy_drop (None: no gate)."""
     if counts.get("transfer_errors"):
         return "transfer_failed", (f"{counts['transfer_errors']} transfer(s) failed"
                                    + (f": {first_transfer_error}" if first_transfer_error else ""))
@@ -32,12 +38,15 @@ def judge(counts: dict, *, noise: int, expect_recompute: bool = False, first_tra
     if counts.get("digest_failures"):
         return "mismatch", (f"{counts['digest_failures']} of {counts.get('digest_checked')} transfers arrived with "
                             f"KV blocks whose digests differ from the sender's; {differ} output(s) differ")
-    if differ > noise:
+    if differ > noise and not lossy:
         near = counts.get("near_ties") or 0
         return "mismatch", (f"{differ} output(s) differ from the baseline's" + (f" (besides {near} at a near tie)"
                             if near else "") + f"; the baseline differs from itself in {noise}"
                             + ("; every KV block arrived intact (digests match): the decode engine used the KV "
                                "wrongly or before it had arrived" if counts.get("digest_checked") else ""))
+    if max_accuracy_drop is not None and accuracy_drop is not None and accuracy_drop > max_accuracy_drop:
+        return "accuracy_drop", (f"the exact-match rate is {accuracy_drop:.3f} below the baseline's own rerun's "
+                                 f"(check.max_accuracy_drop={max_accuracy_drop})")
     if unexplained_recomputes(counts) and not expect_recompute:
         return "kv_recomputed", (f"{unexplained_recomputes(counts)} request(s) recomputed their prompt on the decode "
                                  f"engine instead of using the KV they were sent (not preempted; see kv_recomputed "

@@ -142,6 +142,11 @@ def test_vllm_example_with_a_prompt_under_one_block(tmp_path):
     (["engines.decode={block_size:64}"], ["block_size differs between the prefill engine (32) and the decode engine "
                                           "(64)", "engine.block_size"]),
     (["engines.prefill={dtype:bfloat16}"], ["dtype differs"]),
+    (["check.max_accuracy_drop=2"], ["check.max_accuracy_drop must be a number from 0 to 1", "got 2"]),
+    (["strategy=fused_int8", "engines.decode={tensor_parallel_size:2}"],
+     ["strategy 'fused_int8' is lossy (int8)", "equal tensor_parallel_size (got 1 and 2)"]),
+    (["strategy=fused_fp8", "strategy.params.scale=layer"], ["strategy.params.scale must be one of 'block', 'token'"]),
+    (["strategy=fused_int4", "strategy.params.channels=-2"], ["strategy.params.channels must be >= 0"]),
 ])
 def test_settings_that_moved_or_do_not_apply(tmp_path, overrides, words):
     assert_bad_input(refused_in_process(tmp_path / "r", *overrides), *words)

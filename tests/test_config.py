@@ -258,7 +258,7 @@ def test_a_vllm_connector_may_take_any_param_name():
 def test_transport_and_check_defaults():
     cfg = compose_job([])
     assert cfg.transport == {"kind": "staged", "staging_mb": None, "address": None, "ifname": None}
-    assert cfg.check == {"digests": True, "corrupt": False, "checksums": False}
+    assert cfg.check == {"digests": True, "corrupt": False, "checksums": False, "max_accuracy_drop": None}
     assert compose_job(["transport=gloo"]).transport.kind == "gloo"
 
 

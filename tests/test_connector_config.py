@@ -56,6 +56,8 @@ def test_each_built_in_strategys_yaml_lists_its_declared_parameters_with_their_d
         strategy = compose_config(f"strategy={name}").strategy
         declared = {f.name: f.default for f in dataclasses.fields(params_type(load_connector(strategy)))}
         assert OmegaConf.to_container(strategy.params) == declared, name
+        # `lossy` in the YAML (which test matrices it joins) is what the class says: it names a codec
+        assert bool(strategy.get("lossy", False)) == (load_connector(strategy).codec is not None), name
 
 
 def test_the_connector_refuses_a_key_it_does_not_know_and_a_value_of_the_wrong_type():

@@ -16,7 +16,7 @@ from tests.helpers.runs import check_faults_caught, check_passed
 
 pytestmark = pytest.mark.engine
 
-STRATEGIES = built_in_strategies()
+STRATEGIES = built_in_strategies(lossy=False)  # the lossy ones: test_lossy_cpu.py
 # make test runs each scenario once, the strategies spread over them; make test-full every cell
 KEPT = {"decode_preemption": "fused", "prefill_reuse": "per_request_blocks", "drop": "layerwise", "delay": "fused",
         "truncate": "full_cache", "flip": "per_request_blocks", "aborts": "layerwise", "aborts_parked": "layerwise"}

@@ -47,6 +47,17 @@ Under tensor parallelism every worker of each engine runs the strategy on the KV
 decode worker's heads from several prefill workers (head_shards.py), so `collect` returns what a
 one-worker engine would get; a payload of another dtype goes whole to each decode worker.
 
+A lossy strategy (fused_int8.py) names a codec format (`codec = "int8"`, codecs.py) and takes
+`codecs.CodecParams` as its Params; it then has
+
+    self.encode_plan(req)                    as gather_plan, for every block and layer of req,
+                                             compressed into one payload in the send space
+    self.decode(req, payload)                the blocks a payload reconstructs, for `scatter`
+
+and its checks follow: the sender digests what the receiver will reconstruct (not its own
+cache), measures the reconstruction's error against the original, and both sides checksum the
+compressed payload with its scales (worker.py).
+
 A strategy that streams from inside the forward pass uses vLLM's per-layer hooks itself
 (`save_kv_layer`, `wait_for_layer_load`; see layerwise.py) with `this_step()`, `begin_send(req,
 streaming=True)` / `end_send(req)` and `begin_receive(req)` / `end_receive(req)`, which the
@@ -65,6 +76,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from transfer_strategies.clock import DeviceTimer
+from transfer_strategies.codecs import Codec
 from transfer_strategies.connector_config import ConnectorConfig, NoParams
 from transfer_strategies.faults import TransferFault
 from transfer_strategies.kv_blocks import KVBlocks
@@ -85,6 +98,7 @@ class TransferConnector(KVConnectorBase_V1):
     """Base of every strategy. Subclasses implement `send` and `receive`."""
 
     Params = NoParams  # the strategy's own parameters (strategy.params): a frozen dataclass
+    codec: str | None = None  # a lossy strategy's format (codecs.FORMATS); None: the KV moves bit for bit
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
@@ -132,6 +146,25 @@ class TransferConnector(KVConnectorBase_V1):
 
     def gather(self, block_ids: Sequence[int], layers: Sequence[int] | None = None) -> torch.Tensor:
         return self.gather_plan(block_ids, layers)()
+
+    def encode_plan(self, req: TransferRequest) -> Callable[[], torch.Tensor]:
+        codec = self.worker.codec
+        original = torch.empty(self.n_layers, *self.kv.layer_shape(len(req.block_ids)), dtype=self.kv.dtype,
+                               device=self.kv.device)
+        copy = self.kv.gather_plan(req.block_ids, original, range(self.n_layers))
+        out = self.worker.channel.alloc(codec.nbytes(self.n_layers, len(req.block_ids)))
+        req.progress.original = original  # the sender's check compares the reconstruction with it
+
+        def run() -> torch.Tensor:
+            copy()
+            timer = DeviceTimer(self.kv.device)
+            codec.encode(original, out)
+            req.progress.codec_ms = timer.stop()
+            return out
+        return run
+
+    def decode(self, req: TransferRequest, payload: torch.Tensor) -> torch.Tensor:
+        return self.worker.decode(req, payload, self.n_layers)
 
     def scatter(self, req: TransferRequest, payload: torch.Tensor, layers: Sequence[int] | None = None,
                 first_block: int = 0) -> None:
@@ -183,6 +216,9 @@ class TransferConnector(KVConnectorBase_V1):
     # ------------------------------------------------------------ vLLM: worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
         self.worker.register(kv_caches, self._kv_cache_config.num_blocks, self.block_size, self._placement())
+        if self.codec is not None:
+            head_size = self._vllm_config.model_config.get_head_size()
+            self.worker.codec = Codec(self.codec, self.params).attach(self.kv, self.block_size, head_size)
 
     def _placement(self) -> Placement:
         """This worker's rank and both engines' TP degrees (the other engine's from the harness),

@@ -1,5 +1,6 @@
 """When a send starts and how long it takes: on the host's clock, and on a GPU on the GPU's own
-clock (CUDA events), which is what transfer_ms means there.
+clock (CUDA events), which is what transfer_ms means there; DeviceTimer times any other work on
+the device the same way (digests, a codec).
 
 On a GPU the host is usually ahead of the forward pass it launched: a send's copies are then
 launched at once, queued behind the forward pass on the stream, and the clock starts when the
@@ -10,6 +11,7 @@ posted). So launching the copies is not on the clock, and the host never stalls 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -55,3 +57,29 @@ class SendClock:
         if self.gpu_start is None or last_written is None:
             return None
         return self.gpu_start.elapsed_time(last_written)
+
+
+class DeviceTimer:
+    """How long some work on a device takes (the digests', a codec's): on CUDA between two events
+    on the stream (the kernels' own time, whatever else the host does), elsewhere the host's clock."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = time.perf_counter()
+
+    def stop(self) -> Callable[[], float]:
+        """A function that waits for the work, then returns its milliseconds."""
+        if not self.cuda:
+            ms = (time.perf_counter() - self.t0) * 1e3
+            return lambda: ms
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+
+        def wait() -> float:
+            end.synchronize()  # releases the GIL: the engine's thread runs meanwhile
+            return self.start.elapsed_time(end)
+        return wait

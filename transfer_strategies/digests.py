@@ -21,11 +21,13 @@ into them. The worker turns them into hex off the step (records.RecordQueue).
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
 
+from transfer_strategies.clock import DeviceTimer
 from transfer_strategies.kv_blocks import KVBlocks, few_runs, packed_runs
 
 
@@ -56,21 +58,24 @@ class BlockDigests:
         """{head: [digest of each block, in order]}."""
         return self.launch(block_ids).result()
 
-    def launch(self, block_ids: Sequence[int]) -> PendingDigests:
+    def launch(self, block_ids: Sequence[int], blocks: torch.Tensor | None = None) -> PendingDigests:
         """The digests of these blocks as they are at this point of the device's stream, queued
-        there (on a CPU, computed now)."""
+        there (on a CPU, computed now). blocks: the same blocks of every layer held in a buffer
+        laid out as `gather` lays them out, digested instead of the cache's (a lossy strategy's
+        sender digests what the receiver will reconstruct)."""
         device = self.kv.device
         if not block_ids:  # nothing for the device to do (a drained transfer, in the channel's thread)
             return PendingDigests(self.keys, torch.zeros(len(self.keys), 0, dtype=torch.int64), lambda: 0.0)
-        timer = _StreamTimer(device)
+        timer = DeviceTimer(device)
         total = torch.zeros(len(block_ids), len(self.keys), dtype=torch.int64, device=device)
-        if self.kernel is not None:
+        if self.kernel is not None and blocks is None:
             ids = torch.tensor(list(block_ids), dtype=torch.int64)
             if device.type == "cuda":  # pinned and non_blocking: a plain copy would wait for the stream
                 ids = ids.pin_memory().to(device, non_blocking=True)
             self.kernel.add_to(total, ids)
         else:
-            for k, words in enumerate(self._block_words(block_ids)):
+            pieces = self._block_words(block_ids) if blocks is None else self._buffer_words(blocks)
+            for k, words in enumerate(pieces):
                 for at, w in words:  # at: where these blocks sit in block_ids; w: [blocks, heads, words] int32
                     h = torch.mul(w, self._weights_for(w.shape[2], k)).sum(dim=2, dtype=torch.int64)
                     total[at:at + w.shape[0]] += h
@@ -114,6 +119,16 @@ class BlockDigests:
             blocks = kv.gather(block_ids, out, [layer])[0].movedim(kv.block_dim, 0)
             yield [(0, self._per_head(blocks, kv.head_dim))]  # the block axis moved first: the head's stays
 
+    def _buffer_words(self, blocks: torch.Tensor) -> Iterator[list[tuple[int, torch.Tensor]]]:
+        """As `_block_words`, from a buffer [n_layers, *layer_shape(n)]: each layer's pieces in
+        the cache's order (its axes before the block axis, K/V on GPU backends)."""
+        kv = self.kv
+        head = kv.head_dim_in_piece()
+        lead = blocks.shape[1:1 + kv.block_dim]
+        for layer in blocks:
+            for i in itertools.product(*(range(n) for n in lead)):
+                yield [(0, self._per_head(layer[i].contiguous(), head))]
+
     def _weights_for(self, n: int, piece: int) -> torch.Tensor:
         key = (n, piece)
         if key not in self._weights:
@@ -121,32 +136,6 @@ class BlockDigests:
             w = ((i * 2654435761 + (piece + 1) * 40503) % (2**31)) | 1  # odd, below 2^31
             self._weights[key] = w  # int64: an int32 word times it cannot wrap
         return self._weights[key]
-
-
-class _StreamTimer:
-    """How long the digests' work takes: on CUDA between two events on the stream (the kernel's
-    own time, whatever else the host does), elsewhere the host's clock."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.start = torch.cuda.Event(enable_timing=True)
-            self.start.record()
-        else:
-            self.t0 = time.perf_counter()
-
-    def stop(self) -> Callable[[], float]:
-        """A function that waits for the work, then returns its milliseconds."""
-        if not self.cuda:
-            ms = (time.perf_counter() - self.t0) * 1e3
-            return lambda: ms
-        end = torch.cuda.Event(enable_timing=True)
-        end.record()
-
-        def wait() -> float:
-            end.synchronize()  # releases the GIL: the engine's thread runs meanwhile
-            return self.start.elapsed_time(end)
-        return wait
 
 
 class PendingDigests:

@@ -43,7 +43,10 @@ from pathlib import Path
 #      engine_logs; each request names its run's records file (kv_transfer_params' records)
 #  11: runner=serve runs the fault and abort scenarios: its rows gain fault and aborted, its
 #      summary faults_injected, faults_caught and faults_missed
-SCHEMA_VERSION = 11
+#  12: lossy strategies (codecs.py): transfer records gain codec, codec_ms, payload_digest and (send)
+#      codec_error; a lossy sender's digests are of the blocks the receiver should reconstruct;
+#      request rows gain codec, codec_ms and the reconstruction's error (codec_max_rel, ...)
+SCHEMA_VERSION = 12
 UNVERSIONED = 1  # what a row without schema_version is
 
 
@@ -100,12 +103,22 @@ class TransferRecord(JsonRecord):
     error: str | None = None  # receive: why the KV was not loaded (the request failed or recomputed)
     fault: str | None = None  # send: the transport fault a scenario injected into this transfer
     rank: int | None = 0  # the worker's tensor-parallel rank (None: merged over every rank, merge_ranks)
+    # lossy strategies only (codecs.py; None elsewhere): the codec (format/scale/values per scale),
+    # its time (send: compressing, after the gather; receive: reconstructing), the checksum of the
+    # compressed payload with its scales (send: of what it should have sent; receive: of what
+    # arrived), and (send) the reconstruction's error against the original, per layer:
+    # {max_abs, mean_abs, max_rel, mean_rel: [one per layer]} (codecs.reconstruction_error)
+    codec: str | None = None
+    codec_ms: float | None = None
+    payload_digest: str | None = None
+    codec_error: dict[str, list[float]] | None = None
     schema_version: int = SCHEMA_VERSION
 
 
 # How merge_ranks combines the workers' fields: the side's last worker decides when it is done
 # and the first when it started; bytes and messages add up; the rest is the same on every rank.
-_LATEST = ("send_ms", "gpu_ms", "transfer_ms", "notify_ms", "load_ms", "ready_ms", "digest_ms", "t_forward_done",
+_LATEST = ("send_ms", "gpu_ms", "transfer_ms", "notify_ms", "load_ms", "ready_ms", "digest_ms", "codec_ms",
+           "t_forward_done",
            "t_sent", "t_arrived", "t_kv_ready", "t_kv_checked", "t_decode_scheduled")
 _EARLIEST = ("t_admitted", "t_load_start")
 
@@ -117,7 +130,7 @@ def merge_ranks(records: list[TransferRecord]) -> TransferRecord:
     if len(records) == 1:
         return records[0]
     records = sorted(records, key=lambda r: r.rank or 0)
-    out = dataclasses.replace(records[0], rank=None, digests=None)
+    out = dataclasses.replace(records[0], rank=None, digests=None, payload_digest=None)
     for name in _LATEST + _EARLIEST:
         values = [getattr(r, name) for r in records if getattr(r, name) is not None]
         setattr(out, name, (max if name in _LATEST else min)(values) if values else None)
@@ -125,7 +138,15 @@ def merge_ranks(records: list[TransferRecord]) -> TransferRecord:
     out.messages = sum(r.messages for r in records)
     out.kv_cache_bytes = sum(r.kv_cache_bytes for r in records)
     out.error = next((r.error for r in records if r.error), None)
+    errors = [r.codec_error for r in records if r.codec_error]
+    if errors:  # each worker measured its own heads: the largest of the largest, the mean of the means
+        out.codec_error = {k: [(max if k.startswith("max") else _mean)(layer) for layer in zip(*(e[k] for e in errors))]
+                           for k in errors[0]}
     return out
+
+
+def _mean(values) -> float:
+    return sum(values) / len(values)
 
 
 def digests_agree(sent: list[TransferRecord], received: list[TransferRecord], p: int, d: int) -> bool | None:
@@ -141,12 +162,20 @@ def digests_agree(sent: list[TransferRecord], received: list[TransferRecord], p:
     KV heads: they differ in the last bits), and a decode worker must hold exactly its
     sender's copy. A worker whose record is missing, or that digested other blocks than the
     transfer wrote, fails it; None: a side without digests, or a transfer that wrote nothing
-    (every block was in the decode engine's prefix cache)."""
+    (every block was in the decode engine's prefix cache).
+
+    A lossy strategy's (codecs.py) sender digests the blocks the receiver should reconstruct,
+    and both sides checksum the compressed payload: each decode worker's must equal its
+    sender's (equal degrees: worker r to worker r)."""
     if not sent or not received or any(r.digests is None for r in sent + received):
         return None
     skip = max(r.skip_blocks for r in received)  # the decode engine's, the same on every worker
     if skip >= max(r.blocks for r in received):
         return None
+    if any(r.codec for r in sent + received):
+        payloads = {r.rank or 0: r.payload_digest for r in sent}
+        if p != d or any(r.payload_digest is None or r.payload_digest != payloads.get(r.rank or 0) for r in received):
+            return False
     sends = {r.rank or 0: {h: ds[skip:] for h, ds in r.digests.items()} for r in sent}
     receives = {r.rank or 0: r.digests for r in received}
     if set(sends) != set(range(p)) or set(receives) != set(range(d)):

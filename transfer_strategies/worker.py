@@ -19,10 +19,11 @@ import time
 
 import torch
 
-from transfer_strategies.clock import SendClock
+from transfer_strategies.clock import DeviceTimer, SendClock
+from transfer_strategies.codecs import Codec, reconstruction_error
 from transfer_strategies.connector_config import HarnessSettings, TransportSettings
 from transfer_strategies.digests import BlockDigests, PendingDigests
-from transfer_strategies.faults import WITHHELD, TransferFault, check_message, damage, header
+from transfer_strategies.faults import WITHHELD, TransferFault, check_message, damage, header, payload_checksum
 from transfer_strategies.head_shards import open_sharded
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.negative_control import corrupt_received
@@ -53,6 +54,7 @@ class TransferWorker:
         self.timeout_s = harness.timeout_s
         self.checksums = harness.checksums  # each message's payload checksum in its header
         self.parking = ParkedRequests()  # decode, early submission
+        self.codec: Codec | None = None  # a lossy strategy's, bound to this engine's layout (base.py)
         self._scheduled_at: dict[str, float] = {}  # req id -> when its first decode step was scheduled
         # receive records waiting for that stamp, with their digests and file
         self._unwritten: dict[str, tuple[TransferRecordWriter, TransferRecord, PendingDigests | None]] = {}
@@ -153,8 +155,23 @@ class TransferWorker:
         # nothing of this request written (dropped or withheld by a fault, or nothing to send): the
         # channel's last event is an earlier transfer's (on the H200 it gave drops -72 ms)
         gpu_ms = req.progress.clock.gpu_ms(self.channel.last_written) if req.progress.bytes else None
-        self._record(req, "send", send_ms=req.progress.clock.host_ms(), gpu_ms=gpu_ms,
-                     t_admitted=req.progress.t_admitted, t_forward_done=t_forward_done, t_sent=t_sent)
+        send_ms = req.progress.clock.host_ms()
+        check, reconstructed = self._codec_check(req)
+        self._record(req, "send", reconstructed, send_ms=send_ms, gpu_ms=gpu_ms,
+                     t_admitted=req.progress.t_admitted, t_forward_done=t_forward_done, t_sent=t_sent, **check)
+
+    def _codec_check(self, req: TransferRequest) -> tuple[dict, torch.Tensor | None]:
+        """A lossy send's own check, after its clock stopped: what it should have sent, compressed
+        again from the original blocks (the payload itself now belongs to the receiver), its
+        checksum, and the blocks the receiver should reconstruct, with their error against the
+        original. The receiver's checksum of the payload and digests of the blocks it wrote must
+        equal these: a value or scale changed on the way fails the transfer."""
+        original, req.progress.original = req.progress.original, None
+        if self.codec is None or original is None or not self.verify:
+            return {}, None
+        payload, reconstructed = self.codec.roundtrip(original)
+        return {"payload_digest": payload_checksum(payload),
+                "codec_error": reconstruction_error(original, reconstructed)}, reconstructed
 
     # ---------------------------------------------------------------- decode worker
     def take_step(self, meta) -> None:
@@ -211,6 +228,19 @@ class TransferWorker:
     def begin_receive(self, req: TransferRequest) -> None:
         req.progress.clock = time.monotonic()
 
+    def decode(self, req: TransferRequest, payload: torch.Tensor, n_layers: int) -> torch.Tensor:
+        """A lossy strategy's payload as it arrived, checksummed, then reconstructed; one of
+        another size than the codec's for this request (a scale gone missing) is a TransferFault."""
+        if self.verify:
+            req.progress.payload_digest = payload_checksum(payload)
+        timer = DeviceTimer(self.kv.device)
+        try:
+            blocks = self.codec.decode(payload, n_layers, len(req.block_ids))
+        except ValueError as e:
+            raise TransferFault(f"transfer {req.transfer_id}: {e}") from None
+        req.progress.codec_ms = timer.stop()
+        return blocks
+
     def collect(self, req: TransferRequest, index: int | None = None) -> list[Message]:
         msgs = self.channel.wait(req.transfer_id, index)
         req.progress.received.extend(msgs)
@@ -266,13 +296,19 @@ class TransferWorker:
         (records.digests_agree)."""
         return list(req.block_ids if self.is_producer else req.written_block_ids)
 
-    def _record(self, req: TransferRequest, side: str, **times) -> None:
+    def _record(self, req: TransferRequest, side: str, reconstructed: torch.Tensor | None = None, **times) -> None:
+        """reconstructed: a lossy sender's blocks as the receiver should rebuild them, digested
+        instead of its cache's."""
         pending = None
         writer = self.writers.get(req.asked.records)
         if self.verify and writer is not None and "error" not in times:
             # queued on the device's stream before any later forward pass can write these blocks;
             # turned into hex and written by the record queue's thread, off this step
-            pending = self.digests.launch(self.transfer_block_ids(req))
+            pending = self.digests.launch(self.transfer_block_ids(req), reconstructed)
+        if self.codec is not None:
+            times.update(codec=self.codec.name, codec_ms=req.progress.codec_ms() if req.progress.codec_ms else None)
+            if side == "receive":
+                times["payload_digest"] = req.progress.payload_digest
         if "t_kv_ready" in times:  # what checking the KV held up the request (launching its digests)
             times["t_kv_checked"] = time.monotonic()
         if writer is None:

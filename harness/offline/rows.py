@@ -8,6 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from harness.accuracy import codec_fields
 from harness.checks import decode_submit
 from harness.compare import compare_outputs
 from harness.records import JsonlWriter
@@ -79,7 +80,7 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
         **t, **ttft_overhead_parts(t, base["ttft_ms"], kv_gates_first_token=gated), **computed, fault=sent("fault"),
         aborted="+".join(n for n, r in zip(("prefill", "decode"), results) if r.get("finish_reason") == "abort")
         or None,
-        token_ids=dec["token_ids"], base_token_ids=base["token_ids"],
+        token_ids=dec["token_ids"], base_token_ids=base["token_ids"], **codec_fields(send, recv),
     ).to_dict()
 
 

@@ -160,7 +160,8 @@ def judged(cfg: DictConfig, summary: dict, rows: list[dict], kv_in_use: dict, tr
     status, error = judge(counted, noise=summary["baseline_self_mismatches"] or 0,
                           expect_recompute=cfg.scenario.expect_recompute, first_transfer_error=first,
                           faults=(summary.get("faults_missed") or 0, summary.get("faults_injected") or 0),
-                          held=leaked)
+                          held=leaked, lossy=bool(summary.get("codec")), accuracy_drop=summary.get("accuracy_drop"),
+                          max_accuracy_drop=cfg.check.get("max_accuracy_drop"))
     summary.update(status=status, error=error)
     if error:
         print(f"error: {error}", file=sys.stderr)

@@ -37,6 +37,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from harness import scenario
+from harness.accuracy import codec_fields
 from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.compare import compare_outputs
 from harness.engine_config import pulls
@@ -177,7 +178,8 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, ba
         transfer_ms=(send.gpu_ms if send and send.gpu_ms is not None else (recv.transfer_ms if recv else None)),
         kv_ms=kv_ms, decode_computed_tokens=computed["decode_computed_tokens"],
         decode_preemptions=computed["decode_preemptions"], kv_recomputed=computed["kv_recomputed"],
-        token_ids=r.token_ids, fault=r.fault, aborted="client" if r.aborted else None).to_dict()
+        token_ids=r.token_ids, fault=r.fault, aborted="client" if r.aborted else None,
+        **codec_fields(send, recv)).to_dict()
 
 
 class RowWriter:

@@ -25,6 +25,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from harness.accuracy import accuracy_cost
+from harness.accuracy import line as accuracy_line
 from harness.records import prefix_hit_lines, prefix_hits, read_jsonl, recompute_counts
 from harness.scenario import aborted, fault_counts, given
 from harness.scenario import lines as scenario_lines
@@ -98,6 +100,7 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
     out["baseline_self_match_rate"] = (sum(r["match"] for r in self_compared) / len(self_compared)
                                        if self_compared else None)
     out["baseline_self_mismatches"] = sum(not r["match"] for r in self_compared)
+    out.update(accuracy_cost(compared, out["match_rate"], out["baseline_self_match_rate"] if repeat else None))
     # a request the client abandoned on purpose may leave its transfer unfinished: not a failure;
     # a faulted one is judged by fault_counts
     kept = [r for r in disagg if r["status"] != "cancelled" and not given(r.get("fault"))]
@@ -124,7 +127,9 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
                                                         None),
                               faults=(out.get("faults_missed") or 0, out.get("faults_injected") or 0),
                               held={n: u for n, u in kv_usage.items() if u},
-                              failed_requests=[f"{r['path']} #{r['request_idx']}: {r['error']}" for r in broken])
+                              failed_requests=[f"{r['path']} #{r['request_idx']}: {r['error']}" for r in broken],
+                              lossy=bool(out.get("codec")), accuracy_drop=out.get("accuracy_drop"),
+                              max_accuracy_drop=(cfg.get("check") or {}).get("max_accuracy_drop"))
         code = 0 if status == "ok" else 1
     out.update(status=status, error=error, exit_code=code)
     return out
@@ -154,5 +159,6 @@ def format_serve_summary(s: dict) -> str:
         f"({s.get('mismatches')} differ, {s.get('near_ties', 0)} of them at a near tie); "
         f"the baseline matches itself {f(s.get('baseline_self_match_rate'), '.3f')} "
         f"({s.get('baseline_self_mismatches')} differ); digest failures {s.get('digest_failures')}/"
-        f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}", *prefix_hit_lines(s),
-        *scenario_lines(s), *([f"aborted by the client at a random time: {s['aborted']}"] if s.get("aborted") else [])])
+        f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}", *accuracy_line(s),
+        *prefix_hit_lines(s), *scenario_lines(s),
+        *([f"aborted by the client at a random time: {s['aborted']}"] if s.get("aborted") else [])])

@@ -1,0 +1,71 @@
+"""What a lossy strategy (transfer_strategies/codecs.py) costs in outputs, from a run's rows, for
+both runners' summaries; and a request row's share of its codec's records.
+
+A lossless strategy must give the baseline's outputs (within the baseline's own noise: the
+verdict's mismatch rule). A lossy one need not: its summary says how far it moved them, beside
+the noise floor, and `check.max_accuracy_drop` (any strategy) fails a run whose exact-match rate
+falls more than that below the baseline's own rerun's:
+
+    codec                    the codec (None: the KV moved bit for bit)
+    codec_max_rel            the largest reconstruction error over every request and layer,
+                             relative to the layer's largest magnitude (codecs.reconstruction_error)
+    codec_mean_rel           the mean over requests of the mean relative error (mean |error| /
+                             mean |value|, the layers' mean)
+    accuracy_drop            baseline_self_match_rate - match_rate (the baseline's rerun taken as 1
+                             without one)
+    first_divergence_mean    where outputs that differ first differ, on average (token index)
+    logprob_drift_max/mean   the largest |logprob difference| along the common prefix, over requests
+"""
+
+from __future__ import annotations
+
+from harness.stats import format_value
+
+ERROR_KEYS = ("max_abs", "mean_abs", "max_rel", "mean_rel")
+
+
+def codec_fields(send, recv) -> dict:
+    """A request row's codec fields from its transfer records (None for a lossless strategy)."""
+    error = send.codec_error if send is not None and send.codec_error else None
+    out = {"codec": (send or recv).codec if (send or recv) is not None else None,
+           "codec_encode_ms": send.codec_ms if send is not None else None,
+           "codec_decode_ms": recv.codec_ms if recv is not None else None}
+    for k in ERROR_KEYS:  # over the layers: the largest of the largest, the mean of the means
+        out[f"codec_{k}"] = None if error is None else (max if k.startswith("max") else _mean)(error[k])
+    return out
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _given(v) -> bool:
+    return v is not None and v == v  # not None, nor a loaded NaN
+
+
+def accuracy_cost(rows: list[dict], match_rate: float | None, self_match_rate: float | None) -> dict:
+    codecs = sorted({r["codec"] for r in rows if _given(r.get("codec"))})
+    out: dict = {"codec": "+".join(codecs) or None}
+    rel = [r["codec_max_rel"] for r in rows if _given(r.get("codec_max_rel"))]
+    out["codec_max_rel"] = max(rel) if rel else None
+    out["codec_mean_rel"] = _mean([r["codec_mean_rel"] for r in rows if _given(r.get("codec_mean_rel"))])
+    out["accuracy_drop"] = (None if match_rate is None
+                            else (1.0 if self_match_rate is None else self_match_rate) - match_rate)
+    out["first_divergence_mean"] = _mean([r["first_divergence"] for r in rows
+                                          if _given(r.get("first_divergence")) and r.get("match") is False])
+    drift = [r["max_logprob_diff"] for r in rows if _given(r.get("max_logprob_diff"))]
+    out["logprob_drift_max"] = max(drift) if drift else None
+    out["logprob_drift_mean"] = _mean(drift)
+    return out
+
+
+def line(s: dict) -> list[str]:
+    """The summary's line on a lossy run (nothing for a lossless one)."""
+    if not s.get("codec"):
+        return []
+    f = format_value
+    return [f"lossy ({s['codec']}): reconstruction error max {f(s.get('codec_max_rel'), '.2e')} of the layer's "
+            f"largest value, mean {f(s.get('codec_mean_rel'), '.2e')}; exact-match drop against the baseline's own "
+            f"{f(s.get('accuracy_drop'), '+.3f')}; first divergence at token "
+            f"{f(s.get('first_divergence_mean'), '.1f')} on average; logprob drift max "
+            f"{f(s.get('logprob_drift_max'), '.2e')}"]

@@ -1,0 +1,114 @@
+"""The lossy strategies (conf/strategy YAMLs with `lossy: true`, transfer_strategies/codecs.py) end
+to end on CPU with real vLLM engines, on the edge-case prompts (tests/helpers/runs.py: under one
+block, exactly one, prefix hits, several in flight): the transport exact (payload checksums and
+the reconstruction's digests agree on both sides), the reconstruction's error recorded and within
+the codec's bound, bytes down by the format's ratio, outputs compared with the baseline and the
+cost reported (not required to match); and their faults caught as any strategy's.
+
+make test runs the aggressive codec (fused_int4); make test-full every lossy strategy, and the
+fault runs (a scale cut off in transit, a byte flipped without checksums)."""
+
+import json
+
+import pytest
+import torch
+
+from harness.resolvers import built_in_strategies
+from tests.conftest import FULL, ROOT, cells, run_harness
+from tests.helpers.runs import check_faults_caught, edge_prompts, harness_on_edge_prompts
+from transfer_strategies.codecs import FORMATS
+
+pytestmark = pytest.mark.engine
+
+LOSSY = built_in_strategies(lossy=True)
+MODEL = json.loads((ROOT / "models" / "tiny-llama" / "config.json").read_text())
+# one block of one layer of tiny-llama's KV on CPU: [KV heads, tokens, K and V side by side], float32
+BLOCK_VALUES = MODEL["num_key_value_heads"] * 32 * 2 * MODEL["head_dim"]
+
+
+@pytest.fixture(scope="module", params=cells(LOSSY, {"fused_int4"}))
+def lossy_run(request, results_dir, tmp_path_factory):
+    run = harness_on_edge_prompts(results_dir, tmp_path_factory, request.param, f"strategy={request.param}")
+    run.case = request.param
+    run.format = FORMATS[request.param.removeprefix("fused_")]
+    return run
+
+
+def test_the_transport_is_exact_and_the_error_within_the_codecs_bound(lossy_run):
+    assert lossy_run.code == 0, lossy_run.stderr[-3000:]
+    s = lossy_run.summary
+    assert s["status"] == "ok" and s["requests"] == len(edge_prompts())
+    rows = lossy_run.jsonl("requests.jsonl")
+    # the decode engine's blocks are, bit for bit, what the sender reconstructs of its own payload
+    assert [r["digest_match"] for r in rows] == [True if r["blocks"] > r["skip_blocks"] else None for r in rows]
+    assert s["digest_failures"] == 0
+    sends = {r["transfer_id"]: r for r in lossy_run.jsonl("prefill-transfers.jsonl")}
+    receives = {r["transfer_id"]: r for r in lossy_run.jsonl("decode-transfers.jsonl")}
+    judged = [t for t, r in receives.items() if r["blocks"] > r["skip_blocks"]]
+    assert len(judged) >= len(rows) - 1
+    assert all(sends[t]["payload_digest"] == receives[t]["payload_digest"] is not None for t in judged)
+    bound = lossy_run.format.rel_error + torch.finfo(torch.float32).eps + 2.0**-20
+    for r in rows:
+        assert r["codec"].startswith(lossy_run.format.name + "/") and r["codec_decode_ms"] is not None or not r["blocks"]
+        if r["blocks"]:
+            assert 0 < r["codec_max_rel"] <= bound and 0 < r["codec_mean_rel"] < r["codec_max_rel"] * 2
+            assert r["codec_encode_ms"] > 0 and r["codec_max_abs"] > 0
+            fused_bytes = r["blocks"] * MODEL["num_hidden_layers"] * BLOCK_VALUES * 4
+            scales = 1 / 64 if lossy_run.case == "fused_int4" else 1 / (32 * MODEL["head_dim"])  # float32 each
+            assert r["bytes"] == fused_bytes * (lossy_run.format.bits / 32 + scales)
+    assert s["codec"].startswith(lossy_run.format.name) and 0 < s["codec_max_rel"] <= bound
+
+
+def test_outputs_are_compared_and_their_cost_reported(lossy_run):
+    s = lossy_run.summary
+    rows = lossy_run.jsonl("requests.jsonl")
+    assert all(isinstance(r["match"], bool) and len(r["token_ids"]) == 8 for r in rows)
+    assert s["accuracy_drop"] == pytest.approx(s["baseline_self_match_rate"] - s["match_rate"])
+    assert s["logprob_drift_max"] >= s["logprob_drift_mean"] >= 0 and s["logprob_drift_max"] > 0  # not the same KV
+    assert (s["first_divergence_mean"] is None) == (s["mismatches"] == 0)
+    assert f"lossy ({s['codec']})" in lossy_run.stdout
+
+
+def test_the_decode_engine_used_the_kv_it_was_sent(lossy_run):
+    rows = lossy_run.jsonl("requests.jsonl")
+    assert all(r["kv_recomputed"] is False and r["decode_computed_tokens"] == 1 for r in rows)
+    assert lossy_run.summary["kv_blocks_in_use"] == {"prefill": 0, "decode": 0}
+    assert lossy_run.summary["transfer_held"] == {"prefill": {"staging_regions": 0},
+                                                  "decode": {"transfers": 0, "parked": 0}}
+
+
+def test_an_accuracy_gate_fails_a_run_that_drops_beyond_it(results_dir):
+    """check.max_accuracy_drop=0 with the aggressive codec on prompts where it changes outputs;
+    on the kept fused_int4 engines (the gate is the harness's, not the connector's)."""
+    run = run_harness(results_dir / "lossy-gate", "strategy=fused_int4", "workload=synthetic",
+                      "workload.prompt_len=300", "workload.num_prompts=6", "sampling.max_tokens=24",
+                      "check.max_accuracy_drop=0")
+    s = run.summary
+    assert s["digest_failures"] == 0 and s["codec"]
+    if s["accuracy_drop"] > 0:
+        assert run.code == 1 and s["status"] == "accuracy_drop", run.stderr[-3000:]
+        assert "check.max_accuracy_drop=0" in run.stderr
+    else:  # the codec changed no output here: the gate has nothing to fail
+        assert run.code == 0 and s["status"] == "ok", run.stderr[-3000:]
+
+
+@FULL
+@pytest.mark.parametrize("strategy", LOSSY)
+def test_a_payload_cut_short_in_transit_is_caught(results_dir, strategy):
+    """Half the compressed payload (every scale with it) arrives: refused by its length, failed."""
+    run = run_harness(results_dir / f"lossy-fault_truncate-{strategy}", "scenario=fault_truncate",
+                      f"strategy={strategy}")
+    check_faults_caught(run, "truncate")
+
+
+@FULL
+def test_a_byte_flipped_without_checksums_fails_the_digests(results_dir):
+    """Without checksums the decode engine uses the damaged payload: the reconstruction differs
+    from the sender's, and so do the payload's checksums; the run says the faults went unseen."""
+    run = run_harness(results_dir / "lossy-fault_flip-no_checksums", "scenario=fault_flip", "check.checksums=false",
+                      "strategy=fused_int8")
+    assert run.code == 1, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "fault_missed" and s["faults_missed"] == 2
+    faulted = [r for r in run.jsonl("requests.jsonl") if r["fault"]]
+    assert all(r["digest_match"] is False and r["error"] is None for r in faulted)
