@@ -15,6 +15,9 @@ falls more than that below the baseline's own rerun's:
                              without one)
     first_divergence_mean    where outputs that differ first differ, on average (token index)
     logprob_drift_max/mean   the largest |logprob difference| along the common prefix, over requests
+    task_score               workload=corpus: the mean share of output tokens equal to the text's own
+    base_task_score          continuation (`task_score`), of the P/D outputs and of the baseline's
+                             (the ceiling: what the model does with the KV it computed itself)
 """
 
 from __future__ import annotations
@@ -33,6 +36,13 @@ def codec_fields(send, recv) -> dict:
     for k in ERROR_KEYS:  # over the layers: the largest of the largest, the mean of the means
         out[f"codec_{k}"] = None if error is None else (max if k.startswith("max") else _mean)(error[k])
     return out
+
+
+def task_score(output: list[int], reference: list[int] | None) -> float | None:
+    """The share of output tokens equal to the reference's at the same position (over the shorter
+    of the two); None without a reference."""
+    n = min(len(output), len(reference or ()))
+    return sum(a == b for a, b in zip(output, reference)) / n if n else None
 
 
 def _mean(values: list[float]) -> float | None:
@@ -56,15 +66,21 @@ def accuracy_cost(rows: list[dict], match_rate: float | None, self_match_rate: f
     drift = [r["max_logprob_diff"] for r in rows if _given(r.get("max_logprob_diff"))]
     out["logprob_drift_max"] = max(drift) if drift else None
     out["logprob_drift_mean"] = _mean(drift)
+    for key in ("task_score", "base_task_score"):
+        out[key] = _mean([r[key] for r in rows if _given(r.get(key))])
     return out
 
 
 def line(s: dict) -> list[str]:
-    """The summary's line on a lossy run (nothing for a lossless one)."""
-    if not s.get("codec"):
-        return []
+    """The summary's lines on a lossy run and on a task score (nothing for a lossless run without)."""
     f = format_value
-    return [f"lossy ({s['codec']}): reconstruction error max {f(s.get('codec_max_rel'), '.2e')} of the layer's "
+    out = []
+    if s.get("task_score") is not None:
+        out.append(f"task score (output tokens equal to the text's continuation) {f(s['task_score'], '.3f')}, "
+                   f"baseline {f(s.get('base_task_score'), '.3f')}")
+    if not s.get("codec"):
+        return out
+    return out + [f"lossy ({s['codec']}): reconstruction error max {f(s.get('codec_max_rel'), '.2e')} of the layer's "
             f"largest value, mean {f(s.get('codec_mean_rel'), '.2e')}; exact-match drop against the baseline's own "
             f"{f(s.get('accuracy_drop'), '+.3f')}; first divergence at token "
             f"{f(s.get('first_divergence_mean'), '.1f')} on average; logprob drift max "

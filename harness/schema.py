@@ -32,6 +32,7 @@ class BaselineRow:
     token_ids: list[int]
     logprobs: list[float] | None
     top_ids: list[list[int]] | None = None  # each position's top-k token ids, best first (sampling.logprobs = k)
+    task_score: float | None = None  # workload=corpus: output tokens equal to the text's continuation (from version 12)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
@@ -124,6 +125,10 @@ class RequestRow:
     codec_mean_abs: float | None = None  # mean over layers of the mean |error|
     codec_max_rel: float | None = None  # largest over layers of (largest |error| / largest |value|)
     codec_mean_rel: float | None = None  # mean over layers of (mean |error| / mean |value|)
+    # workload=corpus (from version 12): the share of output tokens equal to the text's continuation,
+    # of this output and of the baseline's (harness/accuracy.py task_score)
+    task_score: float | None = None
+    base_task_score: float | None = None
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:
@@ -190,6 +195,7 @@ class ServeRow:
     codec_mean_abs: float | None = None
     codec_max_rel: float | None = None
     codec_mean_rel: float | None = None
+    task_score: float | None = None  # workload=corpus: as in RequestRow (from version 12)
     schema_version: int = SCHEMA_VERSION
 
     def to_dict(self) -> dict:

@@ -28,6 +28,8 @@ class Prompt:
     conversation: int | None = None
     turn: int | None = None
     follows: int | None = None
+    # workload=corpus: the text's own continuation of the prompt (harness/accuracy.py task_score)
+    reference: list[int] | None = None
 
 
 @dataclass
@@ -140,6 +142,35 @@ def synthetic(name: str, prompt_len: int, num_prompts: int, tokenizer, seed: int
     rng = random.Random(seed)
     return Workload(name, [Prompt(i, [rng.choice(vocab) for _ in range(prompt_len)]) for i in range(num_prompts)],
                     concurrency)
+
+
+def corpus(name: str, path: str, prompt_len: int, num_prompts: int, reference_len: int, tokenizer, seed: int = 0,
+           concurrency: int = 1) -> Workload:
+    """Prompts cut from a text at seeded offsets (by default the corpus the project's models were
+    trained on, which they have memorised), each `<s>` and prompt_len - 1 of its tokens (as the
+    models saw training windows), with the text's next reference_len tokens as its reference: a
+    run's task score is the share of output tokens equal to them (harness/accuracy.py), and the
+    baseline's score is the ceiling a P/D path can reach."""
+    file = Path(path)
+    if not file.is_file():
+        raise WorkloadError(f"workload file {path!r} not found: set workload.path to a text file")
+    if prompt_len < 2 or num_prompts < 1 or reference_len < 1:
+        raise WorkloadError(f"workload.prompt_len must be >= 2 and workload.num_prompts and workload.reference_len "
+                            f">= 1, got {prompt_len}, {num_prompts} and {reference_len}")
+    ids = tokenizer(file.read_text()).input_ids
+    bos = tokenizer.bos_token_id
+    body = ids[1:] if bos is not None and ids[:1] == [bos] else ids
+    head = [bos] if bos is not None else []
+    take = prompt_len - len(head)
+    if len(body) < take + reference_len:
+        raise WorkloadError(f"{path} has {len(body)} tokens: too few for prompts of {prompt_len} and references of "
+                            f"{reference_len}")
+    rng = random.Random(seed)
+    prompts = []
+    for i in range(num_prompts):
+        at = rng.randrange(len(body) - take - reference_len + 1)
+        prompts.append(Prompt(i, head + body[at:at + take], reference=body[at + take:at + take + reference_len]))
+    return Workload(name, prompts, concurrency)
 
 
 def bench_prompts(lengths: list[int], per_length: int, seed: int = 0) -> str:

@@ -77,18 +77,22 @@ def test_the_decode_engine_used_the_kv_it_was_sent(lossy_run):
                                                   "decode": {"transfers": 0, "parked": 0}}
 
 
-def test_an_accuracy_gate_fails_a_run_that_drops_beyond_it(results_dir):
-    """check.max_accuracy_drop=0 with the aggressive codec on prompts where it changes outputs;
-    on the kept fused_int4 engines (the gate is the harness's, not the connector's)."""
-    run = run_harness(results_dir / "lossy-gate", "strategy=fused_int4", "workload=synthetic",
-                      "workload.prompt_len=300", "workload.num_prompts=6", "sampling.max_tokens=24",
-                      "check.max_accuracy_drop=0")
+def test_the_task_score_and_an_accuracy_gate(results_dir):
+    """Prompts cut from the model's training text (workload=corpus), scored against the text's own
+    continuation; check.max_accuracy_drop=0 fails the run where the aggressive codec changed an
+    output. On the kept fused_int4 engines (the gate is the harness's, not the connector's)."""
+    run = run_harness(results_dir / "lossy-gate", "strategy=fused_int4", "workload=corpus",
+                      "workload.num_prompts=8", "sampling.max_tokens=24", "check.max_accuracy_drop=0")
     s = run.summary
-    assert s["digest_failures"] == 0 and s["codec"]
+    assert s["digest_failures"] == 0 and s["codec"] and s["requests"] == 8
+    assert 0 < s["base_task_score"] <= 1 and 0 <= s["task_score"] <= 1  # the model has memorised its text
+    rows = run.jsonl("requests.jsonl")
+    assert all(r["base_task_score"] is not None and r["task_score"] is not None for r in rows)
+    assert "task score" in run.stdout
     if s["accuracy_drop"] > 0:
         assert run.code == 1 and s["status"] == "accuracy_drop", run.stderr[-3000:]
         assert "check.max_accuracy_drop=0" in run.stderr
-    else:  # the codec changed no output here: the gate has nothing to fail
+    else:  # the codec changed no output beyond the baseline's own noise: the gate has nothing to fail
         assert run.code == 0 and s["status"] == "ok", run.stderr[-3000:]
 
 

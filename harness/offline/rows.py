@@ -8,7 +8,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from harness.accuracy import codec_fields
+from harness.accuracy import codec_fields, task_score
 from harness.checks import decode_submit
 from harness.compare import compare_outputs
 from harness.records import JsonlWriter
@@ -22,7 +22,8 @@ def baseline_row(run_id: str, p: Prompt, t0: float, results: list[dict]) -> dict
     (r,) = results
     return BaselineRow(run_id=run_id, prompt_idx=p.index, prompt_len=len(p.token_ids),
                        ttft_ms=(r["first_token_t"] - t0) * 1e3, e2e_ms=(r["finished_t"] - t0) * 1e3,
-                       token_ids=r["token_ids"], logprobs=r["logprobs"], top_ids=r.get("top_ids")).to_dict()
+                       token_ids=r["token_ids"], logprobs=r["logprobs"], top_ids=r.get("top_ids"),
+                       task_score=task_score(r["token_ids"], p.reference)).to_dict()
 
 
 def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: list[dict], base: dict,
@@ -81,6 +82,7 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
         aborted="+".join(n for n, r in zip(("prefill", "decode"), results) if r.get("finish_reason") == "abort")
         or None,
         token_ids=dec["token_ids"], base_token_ids=base["token_ids"], **codec_fields(send, recv),
+        task_score=task_score(dec["token_ids"], p.reference), base_task_score=base.get("task_score"),
     ).to_dict()
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from harness import scenario
-from harness.accuracy import codec_fields
+from harness.accuracy import codec_fields, task_score
 from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.compare import compare_outputs
 from harness.engine_config import pulls
@@ -179,7 +179,7 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, ba
         kv_ms=kv_ms, decode_computed_tokens=computed["decode_computed_tokens"],
         decode_preemptions=computed["decode_preemptions"], kv_recomputed=computed["kv_recomputed"],
         token_ids=r.token_ids, fault=r.fault, aborted="client" if r.aborted else None,
-        **codec_fields(send, recv)).to_dict()
+        task_score=task_score(r.token_ids, p.reference) if ok else None, **codec_fields(send, recv)).to_dict()
 
 
 class RowWriter:

@@ -101,6 +101,8 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
                                        if self_compared else None)
     out["baseline_self_mismatches"] = sum(not r["match"] for r in self_compared)
     out.update(accuracy_cost(compared, out["match_rate"], out["baseline_self_match_rate"] if repeat else None))
+    scores = [r["task_score"] for r in base_rows if r["path"] == "baseline" and r.get("task_score") is not None]
+    out["base_task_score"] = sum(scores) / len(scores) if scores else None
     # a request the client abandoned on purpose may leave its transfer unfinished: not a failure;
     # a faulted one is judged by fault_counts
     kept = [r for r in disagg if r["status"] != "cancelled" and not given(r.get("fault"))]
