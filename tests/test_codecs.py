@@ -68,7 +68,8 @@ def test_the_reconstruction_is_within_the_codecs_bound_and_the_payload_as_small_
     assert all(0 < m < 1 for m in err["mean_rel"])
     # the receiver's reconstruction, from the bytes alone, is the sender's bit for bit
     other = Codec(fmt, params).attach(kv, BLOCK, HEAD_SIZE)
-    assert torch.equal(other.decode(payload.clone(), kv.n_layers, len(ids)).view(torch.uint8), rebuilt.view(torch.uint8))
+    received = other.decode(payload.clone(), kv.n_layers, len(ids))
+    assert torch.equal(received.view(torch.uint8), rebuilt.view(torch.uint8))
 
 
 def test_the_default_scales_keep_k_and_v_apart_on_the_cpu_layout():
@@ -91,7 +92,8 @@ def test_empty_and_all_zero_blocks():
     payload, rebuilt = codec.roundtrip(gathered(kv, []))
     assert payload.numel() == 0 and rebuilt.numel() == 0
     payload, rebuilt = codec.roundtrip(gathered(kv, [2]))
-    assert torch.count_nonzero(rebuilt) == 0 and reconstruction_error(gathered(kv, [2]), rebuilt)["max_rel"] == [0.0] * 3
+    assert torch.count_nonzero(rebuilt) == 0
+    assert reconstruction_error(gathered(kv, [2]), rebuilt)["max_rel"] == [0.0] * 3
 
 
 def test_channels_that_do_not_fit_the_layout_or_are_negative_are_refused():
@@ -159,8 +161,8 @@ def test_a_lossless_transfer_whose_blocks_changed_still_fails():
     ids = [1, 2]
     sent = BlockDigests(kv)(ids)
     kv.layers[0][0, 1, 3, 0, 0] += 1e-6
-    plain = dict(strategy="FusedConnector", blocks=2, skip_blocks=0, tokens=40, kv_cache_blocks=12,
-                 kv_cache_bytes=0, bytes=1, messages=1)
+    plain = {"strategy": "FusedConnector", "blocks": 2, "skip_blocks": 0, "tokens": 40, "kv_cache_blocks": 12,
+             "kv_cache_bytes": 0, "bytes": 1, "messages": 1}
     assert digests_agree([TransferRecord("t", "send", digests=sent, **plain)],
                          [TransferRecord("t", "receive", digests=BlockDigests(kv)(ids), **plain)], 1, 1) is False
 
