@@ -16,6 +16,8 @@ COLUMNS = [Column(k) for k in ("job", "overrides", "status", "strategy", "model"
                                "match_rate", "digest_failures")]
 COLUMNS += [Column(k, interval=True) for k in ("ttft_ms_p50", "base_ttft_ms_p50", "e2e_ms_p50", "transfer_ms_p50")]
 COLUMNS += [Column("bytes_p50"), Column("transfer_gbps")]
+# what a lossy strategy cost in outputs (harness/accuracy.py; "-" for the others), and workload=corpus's task score
+COLUMNS += [Column("codec"), Column("accuracy_drop"), Column("task_score")]
 # runner=serve jobs: latency under load, goodput and correctness against the baseline's own noise
 SERVE_COLUMNS = [Column(k) for k in ("job", "overrides", "status", "strategy", "request_rate")]
 SERVE_COLUMNS += [Column("achieved", "achieved_rate", ".2f")]

@@ -1,0 +1,76 @@
+"""The accuracy-cost report of lossy strategies: from run directories (harness.results.load_runs),
+one row per strategy and prompt length with what each moved, what it cost in outputs beside the
+baseline's own noise, and its time beside fused's at the same length; and the figure of accuracy
+cost against bytes saved. scripts/lossy_report.py and notebooks/analysis.ipynb draw it.
+
+Bytes saved and time are against `fused` at the same prompt length in the same runs, so a report
+is only as good as the runs it reads: give it a sweep of fused and the lossy strategies run
+together (README: "Lossy strategies").
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+COLUMNS = ["strategy", "prompt_len", "runs", "requests", "codec", "bytes_p50", "bytes_vs_fused", "codec_max_rel",
+           "codec_mean_rel", "match_rate", "baseline_self_match_rate", "accuracy_drop", "near_ties",
+           "first_divergence_mean", "logprob_drift_max", "logprob_drift_mean", "task_score", "base_task_score",
+           "transfer_ms_p50", "transfer_ms_vs_fused", "ttft_overhead_ms_p50", "status"]
+
+
+def accuracy_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """runs: load_runs' frame. Runs of one strategy and prompt length are pooled (means; counts
+    summed; the worst status)."""
+    df = runs.copy()
+    df["prompt_len"] = df.get("workload.prompt_len")
+    for col in COLUMNS:
+        if col not in df:
+            df[col] = None
+    df["runs"] = 1
+    df["codec"] = df["codec"].fillna("-")
+    agg = {c: "mean" for c in COLUMNS if c not in ("strategy", "prompt_len", "runs", "requests", "near_ties",
+                                                   "codec", "status", "bytes_vs_fused", "transfer_ms_vs_fused")}
+    agg.update(runs="sum", requests="sum", near_ties="sum", codec="first",
+               status=lambda s: "ok" if (s == "ok").all() else ",".join(sorted(set(map(str, s)) - {"ok"})))
+    for c in agg:
+        if agg[c] == "mean":
+            df[c] = pd.to_numeric(df[c], errors="coerce")
+    out = df.groupby(["strategy", "prompt_len"], dropna=False).agg(agg).reset_index()
+    fused = out[out["strategy"] == "fused"].set_index("prompt_len")
+    for col, base in (("bytes_vs_fused", "bytes_p50"), ("transfer_ms_vs_fused", "transfer_ms_p50")):
+        ref = out["prompt_len"].map(fused[base]) if len(fused) else float("nan")
+        out[col] = out[base] / ref
+    return out[COLUMNS].sort_values(["prompt_len", "bytes_vs_fused"], ascending=[True, False], ignore_index=True)
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    def cell(v, col):
+        if v is None or (isinstance(v, float) and v != v):
+            return "-"
+        if col in ("codec_max_rel", "codec_mean_rel", "logprob_drift_max", "logprob_drift_mean"):
+            return f"{v:.2e}"
+        if isinstance(v, float):
+            return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+        return str(v)
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cell(r[c], c) for c in COLUMNS) + " |" for _, r in table.iterrows()]
+    return "\n".join(lines)
+
+
+def plot_cost_against_bytes(table: pd.DataFrame, ax=None):
+    """Accuracy drop (and the task score's, where there is one) against the share of fused's bytes
+    each strategy moved, one marker per strategy and prompt length."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(6, 4))[1]
+    for strategy, g in table.groupby("strategy"):
+        ax.plot(g["bytes_vs_fused"], g["accuracy_drop"], "o-", label=strategy)
+        for _, r in g.iterrows():
+            ax.annotate(f"{int(r['prompt_len'])}", (r["bytes_vs_fused"], r["accuracy_drop"]), fontsize=7,
+                        textcoords="offset points", xytext=(4, 2))
+    ax.axhline(0, color="grey", lw=0.5)
+    ax.set_xlabel("bytes moved / fused's (same prompt length)")
+    ax.set_ylabel("exact-match drop against the baseline's own rerun")
+    ax.set_title("accuracy cost against bytes saved (labels: prompt tokens)")
+    ax.legend(fontsize=8)
+    return ax
