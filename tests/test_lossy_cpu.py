@@ -13,9 +13,10 @@ import json
 import pytest
 import torch
 
+from harness.offline.engine_pool import POOL
 from harness.resolvers import built_in_strategies
 from tests.conftest import FULL, ROOT, cells, run_harness
-from tests.helpers.runs import check_faults_caught, edge_prompts, harness_on_edge_prompts
+from tests.helpers.runs import check_faults_caught, edge_prompts, harness_on_edge_prompts, worker_records
 from transfer_strategies.codecs import FORMATS
 
 pytestmark = pytest.mark.engine
@@ -117,3 +118,22 @@ def test_a_byte_flipped_without_checksums_fails_the_digests(results_dir):
     assert s["status"] == "fault_missed" and s["faults_missed"] == 2
     faulted = [r for r in run.jsonl("requests.jsonl") if r["fault"]]
     assert all(r["digest_match"] is False and r["error"] is None for r in faulted)
+
+
+@FULL
+def test_each_tensor_parallel_worker_compresses_its_own_heads(results_dir, tmp_path_factory):
+    """TP 2 -> 2 (equal degrees: lossy payloads are not cut by head): each prefill worker compresses
+    its heads' KV, its decode peer reconstructs them; per worker the payload checksums and the
+    digests agree, and the request rows merge the workers' errors."""
+    POOL.close()  # as the TP tests: what earlier runs kept is not this run's
+    run = harness_on_edge_prompts(results_dir, tmp_path_factory, "lossy-tp-2to2", "strategy=fused_int8",
+                                  "engines.prefill={tensor_parallel_size:2}", "engines.decode={tensor_parallel_size:2}")
+    POOL.close()
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "ok" and s["digest_failures"] == 0 and s["digest_checked"] == len(edge_prompts()) - 1
+    for sent, received in zip(worker_records(run, "send", 2), worker_records(run, "receive", 2)):
+        got = {r["transfer_id"]: r["payload_digest"] for r in received if r["blocks"] > r["skip_blocks"]}
+        assert got and all(got[r["transfer_id"]] == r["payload_digest"] for r in sent if r["transfer_id"] in got)
+    bound = FORMATS["int8"].rel_error + torch.finfo(torch.float32).eps + 2.0**-20
+    assert all(0 < r["codec_max_rel"] <= bound for r in run.jsonl("requests.jsonl") if r["blocks"])

@@ -47,7 +47,7 @@ Under tensor parallelism every worker of each engine runs the strategy on the KV
 decode worker's heads from several prefill workers (head_shards.py), so `collect` returns what a
 one-worker engine would get; a payload of another dtype goes whole to each decode worker.
 
-A lossy strategy (fused_int8.py) names a codec format (`codec = "int8"`, codecs.py) and takes
+A lossy strategy (fused_fp8.py) names a codec format (`codec = "fp8"`, codecs.py) and takes
 `codecs.CodecParams` as its Params; it then has
 
     self.encode_plan(req)                    as gather_plan, for every block and layer of req,
