@@ -12,35 +12,43 @@ from __future__ import annotations
 
 import pandas as pd
 
-COLUMNS = ["strategy", "prompt_len", "runs", "requests", "codec", "bytes_p50", "bytes_vs_fused", "codec_max_rel",
-           "codec_mean_rel", "match_rate", "baseline_self_match_rate", "accuracy_drop", "near_ties",
+KEYS = ["model", "device", "prompt_len"]  # what a strategy is compared with fused within
+COLUMNS = ["model", "device", "strategy", "prompt_len", "runs", "requests", "codec", "bytes_p50", "bytes_vs_fused",
+           "codec_max_rel", "codec_mean_rel", "match_rate", "baseline_self_match_rate", "accuracy_drop", "near_ties",
            "first_divergence_mean", "logprob_drift_max", "logprob_drift_mean", "task_score", "base_task_score",
            "transfer_ms_p50", "transfer_ms_vs_fused", "ttft_overhead_ms_p50", "status"]
 
 
 def accuracy_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """runs: load_runs' frame. Runs of one strategy and prompt length are pooled (means; counts
-    summed; the worst status)."""
+    """runs: load_runs' frame. Runs of one model, device, strategy and prompt length are pooled
+    (means; counts summed; the worst status); only the model, device and prompt lengths where a
+    lossy strategy ran are kept, with fused's rows there (its bytes and time are the reference)."""
     df = runs.copy()
     df["prompt_len"] = df.get("workload.prompt_len")
     for col in COLUMNS:
         if col not in df:
             df[col] = None
     df["runs"] = 1
+    lossy = df["codec"].notna()
+    cells = set(map(tuple, df.loc[lossy, KEYS].astype(str).values))
+    in_cell = pd.Series([tuple(k) in cells for k in df[KEYS].astype(str).values], index=df.index, dtype=bool)
+    df = df[in_cell & (lossy | (df["strategy"] == "fused"))]
     df["codec"] = df["codec"].fillna("-")
-    agg = {c: "mean" for c in COLUMNS if c not in ("strategy", "prompt_len", "runs", "requests", "near_ties",
-                                                   "codec", "status", "bytes_vs_fused", "transfer_ms_vs_fused")}
+    agg = {c: "mean" for c in COLUMNS if c not in (*KEYS, "strategy", "runs", "requests", "near_ties", "codec",
+                                                   "status", "bytes_vs_fused", "transfer_ms_vs_fused")}
     agg.update(runs="sum", requests="sum", near_ties="sum", codec="first",
                status=lambda s: "ok" if (s == "ok").all() else ",".join(sorted(set(map(str, s)) - {"ok"})))
     for c in agg:
         if agg[c] == "mean":
             df[c] = pd.to_numeric(df[c], errors="coerce")
-    out = df.groupby(["strategy", "prompt_len"], dropna=False).agg(agg).reset_index()
-    fused = out[out["strategy"] == "fused"].set_index("prompt_len")
+    out = df.groupby([*KEYS, "strategy"], dropna=False).agg(agg).reset_index()
+    fused = out[out["strategy"] == "fused"].set_index(KEYS)
+    at = pd.MultiIndex.from_frame(out[KEYS])
     for col, base in (("bytes_vs_fused", "bytes_p50"), ("transfer_ms_vs_fused", "transfer_ms_p50")):
-        ref = out["prompt_len"].map(fused[base]) if len(fused) else float("nan")
+        ref = fused[base].reindex(at).to_numpy() if len(fused) else float("nan")
         out[col] = out[base] / ref
-    return out[COLUMNS].sort_values(["prompt_len", "bytes_vs_fused"], ascending=[True, False], ignore_index=True)
+    return out[COLUMNS].sort_values([*KEYS, "bytes_vs_fused"], ascending=[True, True, True, False],
+                                    ignore_index=True)
 
 
 def to_markdown(table: pd.DataFrame) -> str:
@@ -63,8 +71,8 @@ def plot_cost_against_bytes(table: pd.DataFrame, ax=None):
     import matplotlib.pyplot as plt
 
     ax = ax or plt.subplots(figsize=(6, 4))[1]
-    for strategy, g in table.groupby("strategy"):
-        ax.plot(g["bytes_vs_fused"], g["accuracy_drop"], "o-", label=strategy)
+    for (model, device, strategy), g in table.groupby(["model", "device", "strategy"]):
+        ax.plot(g["bytes_vs_fused"], g["accuracy_drop"], "o-", label=f"{strategy} ({model}, {device})")
         for _, r in g.iterrows():
             ax.annotate(f"{int(r['prompt_len'])}", (r["bytes_vs_fused"], r["accuracy_drop"]), fontsize=7,
                         textcoords="offset points", xytext=(4, 2))
