@@ -29,7 +29,11 @@ def accuracy_table(runs: pd.DataFrame) -> pd.DataFrame:
         if col not in df:
             df[col] = None
     df["runs"] = 1
-    lossy = df["codec"].notna()
+    # the other way users shrink KV: both engines storing it in FP8 (vLLM's kv_cache_dtype), any strategy
+    stored = df.get("engines.decode.kv_cache_dtype", pd.Series(None, index=df.index))
+    stored = stored.where(stored.map(lambda v: isinstance(v, str) and v != "auto"))
+    df["strategy"] = df["strategy"] + stored.map(lambda v: f" (kv_cache_dtype={v})" if isinstance(v, str) else "")
+    lossy = df["codec"].notna() | stored.notna()
     cells = set(map(tuple, df.loc[lossy, KEYS].astype(str).values))
     in_cell = pd.Series([tuple(k) in cells for k in df[KEYS].astype(str).values], index=df.index, dtype=bool)
     df = df[in_cell & (lossy | (df["strategy"] == "fused"))]

@@ -19,10 +19,13 @@ def test_each_strategy_is_compared_with_fused_at_its_model_device_and_prompt_len
         run("fused", 1024, 4000, 4.0), run("fused_fp8", 1024, 1040, 2.0, "fp8/block/64", status="mismatch"),
         run("fused", 256, 9999, 1.0, model="other"),  # no lossy run beside it: left out
         run("layerwise", 256, 1000, 1.0),  # neither lossy nor the reference: left out
+        {**run("fused", 256, 500, 1.0, drop=0.5), "engines.decode.kv_cache_dtype": "fp8"},  # both engines FP8
     ])
     t = accuracy_table(runs)
-    assert list(zip(t["strategy"], t["prompt_len"])) == [("fused", 256), ("fused_int8", 256), ("fused", 1024),
-                                                          ("fused_fp8", 1024)]
+    assert list(zip(t["strategy"], t["prompt_len"])) == [
+        ("fused", 256), ("fused (kv_cache_dtype=fp8)", 256), ("fused_int8", 256), ("fused", 1024), ("fused_fp8", 1024)]
+    assert t.iloc[1]["bytes_vs_fused"] == 0.5 and t.iloc[1]["accuracy_drop"] == 0.5
+    t = t.drop(index=1).reset_index(drop=True)
     int8 = t.iloc[1]
     assert int8["runs"] == 2 and int8["requests"] == 16 and int8["accuracy_drop"] == pytest.approx(0.25)
     assert int8["bytes_vs_fused"] == pytest.approx(0.26) and int8["transfer_ms_vs_fused"] == pytest.approx(2.5)
