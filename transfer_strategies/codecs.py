@@ -175,9 +175,12 @@ class Codec:
         return payload, self.decode(payload, n_layers, n_blocks)
 
 
-def reconstruction_error(original: torch.Tensor, reconstructed: torch.Tensor) -> dict[str, list[float]]:
+def reconstruction_error(original: torch.Tensor, reconstructed: torch.Tensor) -> dict[str, list[float]] | None:
     """Per layer (axis 0): the largest and mean absolute error, and each relative to the layer's
-    values (largest error / largest magnitude, mean error / mean magnitude; 0 for a layer of zeros)."""
+    values (largest error / largest magnitude, mean error / mean magnitude; 0 for a layer of zeros).
+    None for no blocks (a one-token prompt moves none)."""
+    if not original.numel():
+        return None
     n = original.shape[0]
     x = original.float().reshape(n, -1)
     err = (reconstructed.float().reshape(n, -1) - x).abs()
