@@ -53,10 +53,11 @@ def test_the_transport_is_exact_and_the_error_within_the_codecs_bound(lossy_run)
         assert r["codec"].startswith(lossy_run.format.name + "/")
         assert r["codec_decode_ms"] is not None or r["blocks"] == r["skip_blocks"]
         if r["blocks"]:
-            assert 0 < r["codec_max_rel"] <= bound and 0 < r["codec_mean_rel"] < r["codec_max_rel"] * 2
-            assert r["codec_encode_ms"] > 0 and r["codec_max_abs"] > 0
+            assert 0 < r["codec_max_rel"] <= bound and 0 < r["codec_mean_rel"] < 1
+            assert r["codec_encode_ms"] > 0 and 0 < r["codec_mean_abs"] <= r["codec_max_abs"]
             fused_bytes = r["blocks"] * MODEL["num_hidden_layers"] * BLOCK_VALUES * 4
-            scales = 1 / 64 if lossy_run.case == "fused_int4" else 1 / (32 * MODEL["head_dim"])  # float32 each
+            # a float32 scale (as many bytes as one float32 value) per 32 values, or per block and head
+            scales = 1 / 32 if lossy_run.case == "fused_int4" else 1 / (32 * MODEL["head_dim"])
             assert r["bytes"] == fused_bytes * (lossy_run.format.bits / 32 + scales)
     assert s["codec"].startswith(lossy_run.format.name) and 0 < s["codec_max_rel"] <= bound
 
@@ -104,7 +105,7 @@ def test_a_payload_cut_short_in_transit_is_caught(results_dir, strategy):
     """Half the compressed payload (every scale with it) arrives: refused by its length, failed."""
     run = run_harness(results_dir / f"lossy-fault_truncate-{strategy}", "scenario=fault_truncate",
                       f"strategy={strategy}")
-    check_faults_caught(run, "truncate")
+    check_faults_caught(run, "truncate", lossy=True)
 
 
 @FULL

@@ -52,7 +52,8 @@ FAULTS = {"drop": ("fail", "no KV arrived"), "delay": ("recompute", "no KV arriv
           "truncate": ("fail", "truncated"), "flip": ("recompute", "checksum differs")}
 
 
-def check_faults_caught(run, kind: str, requests: int = 4) -> None:
+def check_faults_caught(run, kind: str, requests: int = 4, lossy: bool = False) -> None:
+    """lossy: a lossy strategy's clean requests need not give the baseline's outputs."""
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
     assert s["status"] == "ok" and s["requests"] == requests
@@ -63,7 +64,7 @@ def check_faults_caught(run, kind: str, requests: int = 4) -> None:
     policy, reason = FAULTS[kind]
     for r in run.jsonl("requests.jsonl"):
         if r["fault"] is None:
-            assert r["match"] and r["digest_match"] and r["error"] is None and not r["kv_recomputed"]
+            assert (r["match"] or lossy) and r["digest_match"] and r["error"] is None and not r["kv_recomputed"]
         elif policy == "fail":  # vLLM failed the request, the row says why
             assert reason in r["error"] and not r["match"]  # cut short
         else:  # vLLM recomputed it: the right output, and the row says so
