@@ -157,7 +157,7 @@ def corpus(name: str, path: str, prompt_len: int, num_prompts: int, reference_le
     if prompt_len < 2 or num_prompts < 1 or reference_len < 1:
         raise WorkloadError(f"workload.prompt_len must be >= 2 and workload.num_prompts and workload.reference_len "
                             f">= 1, got {prompt_len}, {num_prompts} and {reference_len}")
-    ids = tokenizer(file.read_text()).input_ids
+    ids = tokenizer(file.read_text(), verbose=False).input_ids  # longer than the model's context: known, cut below
     bos = tokenizer.bos_token_id
     body = ids[1:] if bos is not None and ids[:1] == [bos] else ids
     head = [bos] if bos is not None else []
