@@ -70,6 +70,7 @@ def test_outputs_are_compared_and_their_cost_reported(lossy_run):
     assert s["logprob_drift_max"] >= s["logprob_drift_mean"] >= 0 and s["logprob_drift_max"] > 0  # not the same KV
     assert (s["first_divergence_mean"] is None) == (s["mismatches"] == 0)
     assert f"lossy ({s['codec']})" in lossy_run.stdout
+    assert "diagnosis" not in s  # outputs that differ are the codec's, not KV used wrongly
 
 
 def test_the_decode_engine_used_the_kv_it_was_sent(lossy_run):
