@@ -78,6 +78,10 @@ def line(s: dict) -> list[str]:
     if s.get("task_score") is not None:
         out.append(f"task score (output tokens equal to the text's continuation) {f(s['task_score'], '.3f')}, "
                    f"baseline {f(s.get('base_task_score'), '.3f')}")
+    if s.get("kv_cache_dtype"):
+        out.append(f"the prefill and decode engines store KV as {s['kv_cache_dtype']}, the baseline at full precision: "
+                   f"outputs compared, not required to match; exact-match drop against the baseline's own "
+                   f"{f(s.get('accuracy_drop'), '+.3f')}, logprob drift max {f(s.get('logprob_drift_max'), '.2e')}")
     if not s.get("codec"):
         return out
     return out + [f"lossy ({s['codec']}): reconstruction error max {f(s.get('codec_max_rel'), '.2e')} of the layer's "

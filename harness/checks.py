@@ -100,6 +100,14 @@ def engine_overrides(cfg: DictConfig, role: str | None) -> dict:
     return args
 
 
+def stored_kv_dtype(cfg: DictConfig) -> str | None:
+    """The KV dtype the decode engine stores where the baseline's differs (vLLM's kv_cache_dtype,
+    `engines.prefill={kv_cache_dtype:fp8} engines.decode={kv_cache_dtype:fp8}`): the other way
+    users shrink KV, judged as a lossy strategy is (outputs compared, not required to match)."""
+    mine = engine_overrides(cfg, "decode").get("kv_cache_dtype") or "auto"
+    return mine if mine != (engine_overrides(cfg, "baseline").get("kv_cache_dtype") or "auto") else None
+
+
 def tp_degree(cfg: DictConfig, role: str) -> int:
     return engine_overrides(cfg, role).get("tensor_parallel_size") or 1
 

@@ -273,3 +273,11 @@ def test_layerwise_asks_for_piecewise_graphs_only_where_a_decode_step_loads_whil
             extra = extra["kv_connector_extra_config"]
             assert extra["harness"]["decode_submit"] == submit
             assert LayerwiseConnector.requires_piecewise_for_cudagraph(extra) is piecewise
+
+
+def test_a_kv_cache_dtype_other_than_the_baselines_makes_a_run_lossy():
+    from harness.checks import stored_kv_dtype
+
+    assert stored_kv_dtype(compose_job([])) is None
+    assert stored_kv_dtype(compose_job(["engines.decode={kv_cache_dtype:fp8}"])) == "fp8"
+    assert stored_kv_dtype(compose_job(["engine.extra={kv_cache_dtype:fp8}"])) is None  # the baseline's too

@@ -138,3 +138,19 @@ def test_each_tensor_parallel_worker_compresses_its_own_heads(results_dir, tmp_p
         assert got and all(got[r["transfer_id"]] == r["payload_digest"] for r in sent if r["transfer_id"] in got)
     bound = FORMATS["int8"].rel_error + torch.finfo(torch.float32).eps + 2.0**-20
     assert all(0 < r["codec_max_rel"] <= bound for r in run.jsonl("requests.jsonl") if r["blocks"])
+
+
+@FULL
+def test_both_engines_storing_fp8_is_judged_as_lossy_against_a_full_precision_baseline(results_dir):
+    """The other way users shrink KV (vLLM's kv_cache_dtype on the prefill and decode engines): the
+    transport moves the FP8 blocks bit for bit (digests), the outputs are compared with the float32
+    baseline's and the cost reported, not failed."""
+    run = run_harness(results_dir / "lossy-kv_cache_dtype-fp8", "strategy=fused", "workload=corpus",
+                      "workload.prompt_len=448", "workload.num_prompts=8", "sampling.max_tokens=32",
+                      "engines.prefill={kv_cache_dtype:fp8}", "engines.decode={kv_cache_dtype:fp8}")
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "ok" and s["kv_cache_dtype"] == "fp8" and s["codec"] is None
+    assert s["digest_failures"] == 0 and s["digest_checked"] == 8
+    assert s["logprob_drift_max"] > 1e-3 and "diagnosis" not in s  # not the baseline's KV, and said so
+    assert "store KV as fp8" in run.stdout

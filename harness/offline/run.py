@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import scenario
 from harness.ceiling import copy_ceiling_gbps
-from harness.checks import ConfigError, checked_inputs, decode_submit
+from harness.checks import ConfigError, checked_inputs, decode_submit, stored_kv_dtype
 from harness.engine_config import link_ceiling
 from harness.engine_process import EngineDied
 from harness.offline.deployment import OfflineDeployment
@@ -87,6 +87,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                           cudagraph_modes={n: e.cudagraph_mode for n, e in deployment.engines.items()},
                           decode_submit=decode_submit(cfg), kv_blocks_in_use=kv_in_use, transfer_held=transfer_held,
                           engines_reused=dict(deployment.reused), engine_logs=deployment.engine_logs(),
+                          kv_cache_dtype=stored_kv_dtype(cfg),
                           **({"link_ceiling_gbps": link} if link is not None else {}),
                           baseline_self_mismatches=self_match.count(False) if self_match else None,
                           baseline_self_match_rate=self_match.count(True) / len(self_match) if self_match else None)
@@ -157,10 +158,13 @@ def judged(cfg: DictConfig, summary: dict, rows: list[dict], kv_in_use: dict, tr
     provoked = [r for r in rows if scenario.provoked(r)]
     counted = summarize([r for r in rows if r not in provoked]) if provoked else summary
     first = next((r["error"] for r in rows if r.get("error") and not r.get("fault")), None)
+    lossy = bool(summary.get("codec") or summary.get("kv_cache_dtype"))
+    if lossy:  # outputs that differ are the compression's, not KV used wrongly
+        summary.pop("diagnosis", None)
     status, error = judge(counted, noise=summary["baseline_self_mismatches"] or 0,
                           expect_recompute=cfg.scenario.expect_recompute, first_transfer_error=first,
                           faults=(summary.get("faults_missed") or 0, summary.get("faults_injected") or 0),
-                          held=leaked, lossy=bool(summary.get("codec")), accuracy_drop=summary.get("accuracy_drop"),
+                          held=leaked, lossy=lossy, accuracy_drop=summary.get("accuracy_drop"),
                           max_accuracy_drop=cfg.check.get("max_accuracy_drop"))
     summary.update(status=status, error=error)
     if error:
