@@ -69,8 +69,12 @@ def test_requests_load_with_their_key_columns(run):
         assert not df["digest_match"].any()  # the negative control: every transfer's damage caught
         return
     assert not df[["strategy", "prompt_len", "ttft_ms", "transfer_ms", "bytes", "strategy.name"]].isna().any().any()
-    # committed runs passed: every output equal to the baseline's, or at a near tie (bf16, from version 6)
-    assert (df["match"] | (df["near_tie"] == True if "near_tie" in df else False)).all()  # noqa: E712 - NaN is not True
+    # committed runs passed: every output equal to the baseline's, or at a near tie (bf16, from version 6),
+    # unless the KV moved compressed (a lossy strategy's codec) or stored so (kv_cache_dtype: from version 12)
+    lossy = df.get("codec", pd.Series(None, index=df.index)).notna().any() or load_runs(run).get(
+        "kv_cache_dtype", pd.Series([None])).notna().any()
+    if not lossy:
+        assert (df["match"] | (df["near_tie"] == True if "near_tie" in df else False)).all()  # noqa: E712 - NaN is not True
     assert df["digest_match"].all()
     assert (df["schema_version"] == load_runs(run)["schema_version"][0]).all()
     assert (df["strategy"] == df["strategy.name"]).all()
