@@ -61,6 +61,39 @@ def timed(device: str, fn, repeats: int) -> list[float]:
     return out
 
 
+def check_against_torch(device: str) -> list[str]:
+    """Where the codecs run as kernels (codec_kernel.py), they must give torch's bytes and blocks:
+    the sender checks with the one, the receiver rebuilds with the other. What differs, per codec,
+    layout and dtype (empty: all the same)."""
+    problems = []
+    for layout in ("NHD", "HND"):
+        for dtype in (torch.bfloat16, torch.float32):
+            shape = (2, 20, 16, 4, 128) if layout == "NHD" else (2, 20, 4, 16, 128)
+            kv = KVBlocks({f"l{i}": (torch.randn(shape, device=device) * (i + 1)).to(dtype) for i in range(3)}, 20, 4)
+            kv.layers[0].view(-1)[::997] *= 50  # outliers, as K caches have
+            ids, dst = [3, 4, 5, 11, 0], [13, 14, 15, 16, 17]
+            for name, (fmt, params) in CODECS.items():
+                codec = Codec(fmt, params).attach(kv, 16, 128)
+                where = f"{name} {layout} {dtype}"
+                if codec.kernel is None:
+                    problems.append(f"{where}: no kernel")
+                    continue
+                buf = torch.empty(3, *kv.layer_shape(len(ids)), dtype=dtype, device=device)
+                kv.gather(ids, buf, range(3))
+                out = torch.empty(codec.nbytes(3, len(ids)), dtype=torch.uint8, device=device)
+                mine = codec.encode_plan(ids, out)()
+                theirs = codec.encode(buf, torch.empty_like(mine))
+                if not torch.equal(mine, theirs):
+                    problems.append(f"{where}: {(mine != theirs).sum().item()} of {mine.numel()} payload bytes differ")
+                codec.decode_into(theirs, dst, first=1)
+                rebuilt = codec.decode(theirs, 3, len(ids)).narrow(1 + kv.block_dim, 1, len(ids) - 1)
+                got = torch.empty_like(rebuilt)
+                kv.gather(dst[1:], got, range(3))
+                if not torch.equal(got.view(torch.uint8), rebuilt.contiguous().view(torch.uint8)):
+                    problems.append(f"{where}: the blocks written differ from torch's reconstruction")
+    return problems
+
+
 def quartiles(xs: list[float]) -> str:
     q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
     return f"{q[1]:.3f} [{q[0]:.3f}, {q[2]:.3f}]"
@@ -77,20 +110,16 @@ def bench(device: str, preset: str, tokens: int, repeats: int) -> list[dict]:
     fused_bytes = buf.numel() * buf.element_size()
     copies = {"send": timed(device, gather, repeats),
               "receive": timed(device, lambda: kv.scatter(dst, buf, range(layers)), repeats)}
-    rows.append({"strategy": "fused", "tokens": tokens, "bytes": fused_bytes, "send": copies["send"],
+    rows.append({"strategy": "fused", "kernel": None, "tokens": tokens, "bytes": fused_bytes, "send": copies["send"],
                  "receive": copies["receive"]})
     for name, (fmt, params) in CODECS.items():
         codec = Codec(fmt, params).attach(kv, block, head_size)
         payload = torch.empty(codec.nbytes(layers, n), dtype=torch.uint8, device=device)
-
-        def send(codec=codec, payload=payload):
-            gather()
-            codec.encode(buf, payload)
-
-        def receive(codec=codec, payload=payload):
-            kv.scatter(dst, codec.decode(payload, layers, n), range(layers))
-        rows.append({"strategy": name, "tokens": tokens, "bytes": payload.numel(), "send": timed(device, send, repeats),
-                     "receive": timed(device, receive, repeats)})
+        send = codec.encode_plan(src, payload)  # as the strategy's send runs it (on CUDA: codec_kernel.py)
+        rows.append({"strategy": name, "kernel": codec.kernel is not None, "tokens": tokens, "bytes": payload.numel(),
+                     "send": timed(device, send, repeats),
+                     "receive": timed(device, lambda codec=codec, payload=payload: codec.decode_into(payload, dst),
+                                      repeats)})
     fused_ms = statistics.median(rows[0]["send"]) + statistics.median(rows[0]["receive"])
     for r in rows:
         extra_ms = statistics.median(r["send"]) + statistics.median(r["receive"]) - fused_ms
@@ -107,19 +136,28 @@ def main() -> int:
                     help="default: tiny_llama on CPU, llama3_8b on CUDA")
     ap.add_argument("--tokens", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--check", action="store_true",
+                    help="first check the kernels against torch (exit 1 if any differ)")
     args = ap.parse_args()
+    if args.check:
+        problems = check_against_torch(args.device)
+        print("\n".join(problems) or "the kernels give torch's bytes and blocks: every codec, NHD and HND, "
+                                     "bf16 and float32")
+        if problems:
+            return 1
     preset = args.preset or ("llama3_8b" if args.device == "cuda" else "tiny_llama")
     torch.manual_seed(0)
     print(f"device {args.device} ({torch.cuda.get_device_name(0) if args.device == 'cuda' else 'CPU'}), "
           f"{preset}'s KV, {args.repeats} repeats; ms as median [25th, 75th percentile]")
-    print("| strategy | tokens | MiB moved | send: gather (+ compress) ms | receive: (reconstruct +) scatter ms | "
-          "pays below (GB/s, computed) |")
-    print("| --- | --- | --- | --- | --- | --- |")
+    print("| strategy | kernel | tokens | MiB moved | send: gather (+ compress) ms | "
+          "receive: (reconstruct +) scatter ms | pays below (GB/s, computed) |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
     for tokens in args.tokens:
         for r in bench(args.device, preset, tokens, args.repeats):
             pays = r["pays_below_gbps"]
             pays = "-" if pays is None else ("always" if pays == float("inf") else f"{pays:.3g}")
-            print(f"| {r['strategy']} | {r['tokens']} | {r['bytes'] / 2**20:.2f} | {quartiles(r['send'])} | "
+            kernel = "-" if r["kernel"] is None else r["kernel"]
+            print(f"| {r['strategy']} | {kernel} | {r['tokens']} | {r['bytes'] / 2**20:.2f} | {quartiles(r['send'])} | "
                   f"{quartiles(r['receive'])} | {pays} |", flush=True)
     return 0
 

@@ -196,3 +196,27 @@ def test_a_lossy_run_is_judged_by_its_transport_and_its_accuracy_gate_not_its_ou
     assert status == "accuracy_drop" and "0.500 below" in why
     assert judge({**counts, "digest_failures": 1}, noise=0, lossy=True)[0] == "mismatch"  # the transport is exact
     assert accuracy_cost([{"match": True}], match_rate=1.0, self_match_rate=None)["codec"] is None
+
+
+@pytest.mark.parametrize("fmt,per_token", [("fp8", False), ("int8", False), ("int8", True), ("int4", True)])
+@pytest.mark.parametrize("kernel", ["_encode", "_decode"])
+def test_the_cuda_kernels_compile_for_hopper(kernel, fmt, per_token):
+    """codec_kernel.py's kernels compiled for sm_90 with the Llama-3-8B shape's constants, no GPU
+    needed (scripts/bench_codecs.py --check compares them with torch on one)."""
+    triton = pytest.importorskip("triton")
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from transfer_strategies import codec_kernel
+    from transfer_strategies.codecs import FORMATS
+
+    fn = getattr(codec_kernel, kernel)
+    pointers = {"cache": "*bf16", "piece_offsets": "*i64", "ids": "*i64", "values": "*u8", "scales": "*fp32"}
+    constexprs = {"T": 16, "S": 128, "BLOCK_T": 16, "C": 32 if fmt == "int4" else 128, "FMT": codec_kernel.FORMAT_IDS[fmt],
+                  "PER_TOKEN": per_token, "QMAX": FORMATS[fmt].qmax}
+    constexprs = {n: v for n, v in constexprs.items() if n in fn.arg_names}
+    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in fn.arg_names}
+    source = ASTSource(fn=fn, signature=signature,
+                       constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()})
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    assert "st.global" in compiled.asm["ptx"]

@@ -52,7 +52,8 @@ A lossy strategy (fused_fp8.py) names a codec format (`codec = "fp8"`, codecs.py
 
     self.encode_plan(req)                    as gather_plan, for every block and layer of req,
                                              compressed into one payload in the send space
-    self.decode(req, payload)                the blocks a payload reconstructs, for `scatter`
+    self.decode_into(req, payload)           as scatter, for such a payload: the blocks it
+                                             reconstructs, into this engine's blocks of req
 
 and its checks follow: the sender digests what the receiver will reconstruct (not its own
 cache), measures the reconstruction's error against the original, and both sides checksum the
@@ -149,22 +150,18 @@ class TransferConnector(KVConnectorBase_V1):
 
     def encode_plan(self, req: TransferRequest) -> Callable[[], torch.Tensor]:
         codec = self.worker.codec
-        original = torch.empty(self.n_layers, *self.kv.layer_shape(len(req.block_ids)), dtype=self.kv.dtype,
-                               device=self.kv.device)
-        copy = self.kv.gather_plan(req.block_ids, original, range(self.n_layers))
         out = self.worker.channel.alloc(codec.nbytes(self.n_layers, len(req.block_ids)))
-        req.progress.original = original  # the sender's check compares the reconstruction with it
+        encode = codec.encode_plan(req.block_ids, out)
 
         def run() -> torch.Tensor:
-            copy()
             timer = DeviceTimer(self.kv.device)
-            codec.encode(original, out)
+            encode()
             req.progress.codec_ms = timer.stop()
             return out
         return run
 
-    def decode(self, req: TransferRequest, payload: torch.Tensor) -> torch.Tensor:
-        return self.worker.decode(req, payload, self.n_layers)
+    def decode_into(self, req: TransferRequest, payload: torch.Tensor) -> None:
+        self.worker.decode_into(req, payload)
 
     def scatter(self, req: TransferRequest, payload: torch.Tensor, layers: Sequence[int] | None = None,
                 first_block: int = 0) -> None:

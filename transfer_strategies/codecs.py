@@ -28,7 +28,9 @@ error exceeds it times the largest magnitude of its group, so of its layer (the 
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -91,6 +93,11 @@ class Codec:
         # the axis of a block's tokens: after the block axis, neither the head axis nor the innermost
         tokens = [d for d in range(kv.block_dim + 1, len(shape) - 1) if d != kv.head_dim and shape[d] == block_size]
         self.token_axis = tokens[0] if tokens else None
+        self.kernel = None  # on CUDA, where the layout allows: codec_kernel.py (one pass each way)
+        if kv.device.type == "cuda":
+            from transfer_strategies.codec_kernel import CodecKernel
+            with contextlib.suppress(ValueError):  # this layout has none: the torch path
+                self.kernel = CodecKernel(self)
         return self
 
     # ---------------------------------------------------------------- sizes
@@ -124,7 +131,47 @@ class Codec:
         b = self.format.rel_error
         return b + torch.finfo(self.kv.dtype).eps / 2 * (1 + b) + 2.0**-20  # float32 arithmetic's own
 
-    # ---------------------------------------------------------------- encode / decode
+    # ---------------------------------------------------------------- a request's blocks, both ways
+    def encode_plan(self, block_ids: list[int], out: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """A function that compresses blocks `block_ids` of every layer of this engine's cache into
+        out (uint8, nbytes): on CUDA one kernel reading each block once; elsewhere a gather into a
+        buffer, then `encode`. What can be prepared is prepared now (before the forward pass)."""
+        kv, n_layers, n = self.kv, self.kv.n_layers, len(block_ids)
+        if self.kernel is not None:
+            ids = _device_ids(block_ids, kv.device)
+            values, scales = self._parts(out, n_layers, n)
+            return lambda: (self.kernel.encode(ids, values, scales), out)[1]
+        buf = torch.empty(n_layers, *kv.layer_shape(n), dtype=kv.dtype, device=kv.device)
+        gather = kv.gather_plan(block_ids, buf, range(n_layers))
+        return lambda: (gather(), self.encode(buf, out))[1]
+
+    def decode_into(self, payload: torch.Tensor, block_ids: list[int], first: int = 0) -> None:
+        """The blocks a payload of every layer reconstructs, [first, n), written into this engine's
+        blocks block_ids[first:] (the first ones its prefix cache already held)."""
+        kv, n_layers, n = self.kv, self.kv.n_layers, len(block_ids)
+        data = self._checked(payload, n_layers, n)
+        if first >= n:
+            return
+        if self.kernel is not None:
+            values, scales = self._parts(data, n_layers, n)
+            self.kernel.decode(values, scales, _device_ids(block_ids, kv.device), n, first)
+            return
+        blocks = self.decode(data, n_layers, n)
+        kv.scatter(block_ids[first:], blocks.narrow(1 + kv.block_dim, first, n - first), range(n_layers))
+
+    def _parts(self, payload: torch.Tensor, n_layers: int, n_blocks: int) -> tuple[torch.Tensor, torch.Tensor]:
+        nv = self.value_bytes(n_layers, n_blocks)
+        return payload[:nv], payload[nv:].view(torch.float32)
+
+    def _checked(self, payload: torch.Tensor, n_layers: int, n_blocks: int) -> torch.Tensor:
+        data = payload.view(-1).view(torch.uint8)
+        want = self.nbytes(n_layers, n_blocks)
+        if data.numel() != want:
+            raise ValueError(f"a {self.name} payload of {n_blocks} block(s) x {n_layers} layer(s) is {want} bytes, "
+                             f"got {data.numel()}")
+        return data
+
+    # ---------------------------------------------------------------- a buffer of blocks, both ways (torch)
     def encode(self, blocks: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """blocks ([n_layers, *layer_shape(n)], the KV dtype) compressed into out (uint8, nbytes)."""
         n_layers, n_blocks = blocks.shape[0], blocks.shape[1 + self.kv.block_dim]
@@ -148,12 +195,8 @@ class Codec:
 
     def decode(self, payload: torch.Tensor, n_layers: int, n_blocks: int) -> torch.Tensor:
         """The blocks a payload reconstructs ([n_layers, *layer_shape(n)], the KV dtype)."""
-        data = payload.view(-1).view(torch.uint8)
-        want = self.nbytes(n_layers, n_blocks)
-        if data.numel() != want:
-            raise ValueError(f"a {self.name} payload of {n_blocks} block(s) x {n_layers} layer(s) is {want} bytes, "
-                             f"got {data.numel()}")
-        if not want:
+        data = self._checked(payload, n_layers, n_blocks)
+        if not data.numel():
             return torch.empty(n_layers, *self.kv.layer_shape(n_blocks), dtype=self.kv.dtype, device=data.device)
         nv = self.value_bytes(n_layers, n_blocks)
         values = data[:nv]
@@ -190,3 +233,9 @@ def reconstruction_error(original: torch.Tensor, reconstructed: torch.Tensor) ->
     mean_rel = torch.where(mag.mean(dim=1) > 0, mean_abs / mag.mean(dim=1), torch.zeros_like(mean_abs))
     return {k: [float(v) for v in t.cpu()] for k, t in
             (("max_abs", max_abs), ("mean_abs", mean_abs), ("max_rel", max_rel), ("mean_rel", mean_rel))}
+
+
+def _device_ids(block_ids: list[int], device: torch.device) -> torch.Tensor:
+    ids = torch.tensor(list(block_ids), dtype=torch.int64)
+    # pinned and non_blocking: a plain copy would wait for the stream (the forward pass before it)
+    return ids.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else ids

@@ -1,5 +1,6 @@
-"""fused_fp8: fused, with the payload compressed to FP8 e4m3 on the sender (as part of the
-gather) and reconstructed on the receiver (before the scatter), on the KV's own device: one
+"""fused_fp8: fused, with the payload compressed to FP8 e4m3 on the sender (with the gather: on
+CUDA one kernel does both) and reconstructed on the receiver (with the scatter), on the KV's own
+device: one
 byte a value plus a float32 scale per block, KV head and K/V (codecs.py says why those), so a
 quarter of fused's bytes for float32 KV and half for bf16.
 
@@ -26,4 +27,4 @@ class FusedFP8Connector(TransferConnector):
 
     def receive(self, req: TransferRequest) -> None:
         (msg,) = self.collect(req)
-        self.scatter(req, self.decode(req, msg.payload))
+        self.decode_into(req, msg.payload)

@@ -69,9 +69,8 @@ class Progress:
     bytes: int = 0
     messages: int = 0
     received: list = field(default_factory=list)  # the transport's Messages
-    # a lossy strategy's (codecs.py): the sender's original blocks (for its check), the codec's
-    # time (a DeviceTimer's stop()), and the receiver's checksum of the payload as it arrived
-    original: Any = None
+    # a lossy strategy's (codecs.py): the codec's time (a DeviceTimer's stop()), and the
+    # receiver's checksum of the payload as it arrived
     codec_ms: Any = None
     payload_digest: str | None = None
 

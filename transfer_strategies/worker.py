@@ -162,14 +162,19 @@ class TransferWorker:
 
     def _codec_check(self, req: TransferRequest) -> tuple[dict, torch.Tensor | None]:
         """A lossy send's own check, after its clock stopped: what it should have sent, compressed
-        again from the original blocks (the payload itself now belongs to the receiver), its
+        again from its blocks as the send did (the payload itself now belongs to the receiver), its
         checksum, and the blocks the receiver should reconstruct, with their error against the
         original. The receiver's checksum of the payload and digests of the blocks it wrote must
-        equal these: a value or scale changed on the way fails the transfer."""
-        original, req.progress.original = req.progress.original, None
-        if self.codec is None or original is None or not self.verify:
+        equal these: a value or scale changed on the way fails the transfer. Read from the cache
+        in the step that sent them, as the digests are (no forward pass has written them since)."""
+        if self.codec is None or not self.verify:
             return {}, None
-        payload, reconstructed = self.codec.roundtrip(original)
+        kv, n = self.kv, len(req.block_ids)
+        original = kv.gather(req.block_ids, torch.empty(kv.n_layers, *kv.layer_shape(n), dtype=kv.dtype,
+                                                        device=kv.device), range(kv.n_layers))
+        payload = self.codec.encode_plan(req.block_ids, torch.empty(self.codec.nbytes(kv.n_layers, n),
+                                                                    dtype=torch.uint8, device=kv.device))()
+        reconstructed = self.codec.decode(payload, kv.n_layers, n)
         return {"payload_digest": payload_checksum(payload),
                 "codec_error": reconstruction_error(original, reconstructed)}, reconstructed
 
@@ -228,18 +233,18 @@ class TransferWorker:
     def begin_receive(self, req: TransferRequest) -> None:
         req.progress.clock = time.monotonic()
 
-    def decode(self, req: TransferRequest, payload: torch.Tensor, n_layers: int) -> torch.Tensor:
-        """A lossy strategy's payload as it arrived, checksummed, then reconstructed; one of
-        another size than the codec's for this request (a scale gone missing) is a TransferFault."""
+    def decode_into(self, req: TransferRequest, payload: torch.Tensor) -> None:
+        """A lossy strategy's payload as it arrived, checksummed, then reconstructed into this
+        engine's blocks past its prefix-cache hits; one of another size than the codec's for this
+        request (a scale gone missing) is a TransferFault, and nothing is written."""
         if self.verify:
             req.progress.payload_digest = payload_checksum(payload)
         timer = DeviceTimer(self.kv.device)
         try:
-            blocks = self.codec.decode(payload, n_layers, len(req.block_ids))
+            self.codec.decode_into(payload, req.block_ids, req.skip_blocks)
         except ValueError as e:
             raise TransferFault(f"transfer {req.transfer_id}: {e}") from None
         req.progress.codec_ms = timer.stop()
-        return blocks
 
     def collect(self, req: TransferRequest, index: int | None = None) -> list[Message]:
         msgs = self.channel.wait(req.transfer_id, index)
