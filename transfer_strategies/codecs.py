@@ -179,7 +179,9 @@ class Codec:
             return out
         x = blocks.float().view(self._grouped(n_layers, n_blocks))
         amax = x.abs().amax(dim=self._reduced(), keepdim=True)
-        scale = torch.where(amax > 0, amax / self.format.qmax, torch.ones_like(amax))
+        # times the reciprocal, not divided by qmax: one defined float32 product on every device
+        # (torch's CUDA divides by a scalar that way; codec_kernel.py does the same)
+        scale = torch.where(amax > 0, amax * (1.0 / self.format.qmax), torch.ones_like(amax))
         q = x / scale
         nv = self.value_bytes(n_layers, n_blocks)
         values = out[:nv]
