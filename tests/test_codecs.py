@@ -72,6 +72,26 @@ def test_the_reconstruction_is_within_the_codecs_bound_and_the_payload_as_small_
     assert torch.equal(received.view(torch.uint8), rebuilt.view(torch.uint8))
 
 
+@pytest.mark.parametrize("layout", [cpu_layout, gpu_layout])
+def test_a_requests_blocks_both_ways_through_the_cache(layout):
+    """What the strategies run: encode_plan compresses blocks straight from the cache (as `encode`
+    does a gathered buffer), decode_into writes the reconstruction into the receiver's blocks past
+    the ones its prefix cache held, leaving those alone."""
+    sender, receiver = layout(), layout()
+    codec = Codec("int8").attach(sender, BLOCK, HEAD_SIZE)
+    ids, dst = [7, 8, 2], [1, 5, 6]
+    out = torch.empty(codec.nbytes(sender.n_layers, 3), dtype=torch.uint8)
+    payload = codec.encode_plan(ids, out)()
+    assert payload is out and torch.equal(out, codec.encode(gathered(sender, ids), torch.empty_like(out)))
+    cached = gathered(receiver, dst[:1]).clone()
+    Codec("int8").attach(receiver, BLOCK, HEAD_SIZE).decode_into(payload, dst, first=1)
+    rebuilt = codec.decode(payload, sender.n_layers, 3)
+    assert torch.equal(gathered(receiver, dst[1:]), rebuilt.narrow(1 + sender.block_dim, 1, 2))
+    assert torch.equal(gathered(receiver, dst[:1]), cached)
+    with pytest.raises(ValueError, match="bytes, got"):
+        codec.decode_into(payload[:-4], dst)
+
+
 def test_the_default_scales_keep_k_and_v_apart_on_the_cpu_layout():
     """K and V side by side in one axis (CPU): channels = the head size gives each its own scale,
     so a V ten times K's size costs K nothing."""
