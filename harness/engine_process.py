@@ -187,6 +187,10 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
                                         "finish_reason": "abort", "kv_transfer_params": None}))
                     continue
                 req_id, token_ids, sampling = args
+                # a request id comes back in every pass and every run on a kept engine (prefill-4):
+                # vLLM emits nothing more for an aborted one, so its entry would drop the new one's
+                # outputs (an aborts run's prefill-4 hung the next run's, 300 s, once in three)
+                aborted.discard(req_id)
                 engine.add_request(req_id, {"prompt_token_ids": token_ids}, SamplingParams(**sampling))
                 live.add(req_id)
                 busy = True
