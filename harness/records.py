@@ -127,8 +127,7 @@ def summarize(rows: list[dict]) -> dict:
     out.update(scenario.fault_counts(rows))
     if scenario.aborted(rows):
         out["aborted"] = scenario.aborted(rows)
-    # a lossy strategy's outputs may differ with every block as the codec rebuilt it: no diagnosis there
-    clean = [r for r in rows if not scenario.provoked(r) and not r.get("codec")]
+    clean = [r for r in rows if not scenario.provoked(r)]
     if out["digest_checked"] and not out["digest_failures"] and any(not r.get("match") and not r.get("near_tie")
                                                                     for r in clean):
         out["diagnosis"] = ("outputs differ although every KV block arrived intact (digests match): the decode "

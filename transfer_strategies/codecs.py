@@ -212,13 +212,6 @@ class Codec:
         x = q.view(self._grouped(n_layers, n_blocks)) * scale
         return x.to(self.kv.dtype).view(n_layers, *self.kv.layer_shape(n_blocks))
 
-    def roundtrip(self, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(payload, reconstruction) of blocks, in fresh memory: the sender's own check of what it sent."""
-        n_layers, n_blocks = blocks.shape[0], blocks.shape[1 + self.kv.block_dim]
-        payload = torch.empty(self.nbytes(n_layers, n_blocks), dtype=torch.uint8, device=blocks.device)
-        self.encode(blocks, payload)
-        return payload, self.decode(payload, n_layers, n_blocks)
-
 
 def reconstruction_error(original: torch.Tensor, reconstructed: torch.Tensor) -> dict[str, list[float]] | None:
     """Per layer (axis 0): the largest and mean absolute error, and each relative to the layer's
