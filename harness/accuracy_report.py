@@ -16,7 +16,8 @@ KEYS = ["model", "device", "prompt_len"]  # what a strategy is compared with fus
 COLUMNS = ["model", "device", "strategy", "prompt_len", "runs", "requests", "codec", "bytes_p50", "bytes_vs_fused",
            "codec_max_rel", "codec_mean_rel", "match_rate", "baseline_self_match_rate", "accuracy_drop", "near_ties",
            "first_divergence_mean", "logprob_drift_max", "logprob_drift_mean", "task_score", "base_task_score",
-           "transfer_ms_p50", "transfer_ms_vs_fused", "ttft_overhead_ms_p50", "status"]
+           "codec_encode_ms_p50", "codec_decode_ms_p50", "transfer_ms_p50", "transfer_ms_vs_fused", "kv_ms_p50",
+           "kv_ms_vs_fused", "ttft_overhead_ms_p50", "status"]
 
 
 def accuracy_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -39,7 +40,8 @@ def accuracy_table(runs: pd.DataFrame) -> pd.DataFrame:
     df = df[in_cell & (lossy | (df["strategy"] == "fused"))]
     df["codec"] = df["codec"].fillna("-")
     agg = {c: "mean" for c in COLUMNS if c not in (*KEYS, "strategy", "runs", "requests", "near_ties", "codec",
-                                                   "status", "bytes_vs_fused", "transfer_ms_vs_fused")}
+                                                   "status", "bytes_vs_fused", "transfer_ms_vs_fused",
+                                                   "kv_ms_vs_fused")}
     agg.update(runs="sum", requests="sum", near_ties="sum", codec="first",
                status=lambda s: "ok" if (s == "ok").all() else ",".join(sorted(set(map(str, s)) - {"ok"})))
     for c in agg:
@@ -48,7 +50,8 @@ def accuracy_table(runs: pd.DataFrame) -> pd.DataFrame:
     out = df.groupby([*KEYS, "strategy"], dropna=False).agg(agg).reset_index()
     fused = out[out["strategy"] == "fused"].set_index(KEYS)
     at = pd.MultiIndex.from_frame(out[KEYS])
-    for col, base in (("bytes_vs_fused", "bytes_p50"), ("transfer_ms_vs_fused", "transfer_ms_p50")):
+    for col, base in (("bytes_vs_fused", "bytes_p50"), ("transfer_ms_vs_fused", "transfer_ms_p50"),
+                      ("kv_ms_vs_fused", "kv_ms_p50")):
         ref = fused[base].reindex(at).to_numpy() if len(fused) else float("nan")
         out[col] = out[base] / ref
     return out[COLUMNS].sort_values([*KEYS, "bytes_vs_fused"], ascending=[True, True, True, False],

@@ -205,7 +205,7 @@ class ServeRow:
 # Request fields that summary.json reports as <field>_p50, <field>_p90 and the p50's interval
 SUMMARY_METRICS = ["base_ttft_ms", "base_e2e_ms", "ttft_ms", "prefill_ttft_ms", "e2e_ms", "ttft_overhead_ms",
                    "prefill_ttft_overhead_ms", "transfer_ms", "kv_ms", "after_forward_ms", "gpu_ms", "notify_ms",
-                   "send_ms", "load_ms", "bytes", "messages", "gbps"]
+                   "send_ms", "load_ms", "bytes", "messages", "gbps", "codec_encode_ms", "codec_decode_ms"]
 # The TTFT overhead's parts along the KV's critical path, each with the timeline event that ends it
 # (harness/transfers.py ttft_overhead_parts); rows hold them as overhead_<part>_ms, and summary.json
 # gives their means (which add up to the mean overhead)

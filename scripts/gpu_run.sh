@@ -9,6 +9,10 @@
 #   bash scripts/gpu_run.sh compare  # scripts/compare_bench.py: the benchmark $RUNS/$NAME (default ttft) against
 #                                    # ${REF:-results/gpu/2026-12-02-s14/ttft-early}; exit 1 when a cell is slower (its args follow)
 #   bash scripts/gpu_run.sh kvmodel  # train and check models/llama3-8b-kv (Llama-3-8B KV geometry, trained weights)
+#   bash scripts/gpu_run.sh lossy    # experiment=gpu_lossy: fused and the lossy strategies on llama3_8b_kv (kvmodel first),
+#                                    # 2k/8k/16k (LENGTHS=2048,8192 STRATEGIES=fused,fused_int8; SWEEP names the sweep's
+#                                    # directory under $RUNS/$NAME), then lossy_report.py over all of $RUNS/$NAME
+#   bash scripts/gpu_run.sh lossy-stored  # the same with fused and both engines storing FP8 (kv_cache_dtype), into the same report
 #   bash scripts/gpu_run.sh probe    # scripts/gpu_copy_probe.py, on one GPU and (if there are two) across
 #   bash scripts/gpu_run.sh serve    # experiment=gpu_serve: runner=serve sweep on two GPUs (harness overrides follow,
 #                                    # e.g. strategy=fused,layerwise serve.request_rate=1,2,4)
@@ -54,6 +58,14 @@ case "${1:-check}" in
     python3 scripts/check_default_model.py --model models/llama3-8b-kv --device cuda --hf-device cuda --update-card \
       2>&1 | grep -v "^\[" | tail -40
     cp models/llama3-8b-kv/README.md models/llama3-8b-kv/training_info.json "$OUT/" ;;
+  lossy|lossy-stored)
+    name=${NAME:-lossy}; what=("${SWEEP:-strategies}" "strategy=${STRATEGIES:-fused,fused_fp8,fused_int8,fused_int4}")
+    [ "$1" = lossy-stored ] && what=("${SWEEP:-kv_cache_fp8}" strategy=fused 'engines.prefill={kv_cache_dtype:fp8}'
+                                     'engines.decode={kv_cache_dtype:fp8}')
+    python3 -m harness -m experiment=gpu_lossy "hydra.sweep.dir=$RUNS/$name/${what[0]}" "${what[@]:1}" \
+      "workload.prompt_len=${LENGTHS:-2048,8192,16384}" "${@:2}" 2>&1 | grep -v "^\[" | tail -40
+    python3 scripts/lossy_report.py "$RUNS/$name" --out "$OUT/$name-report.md" --figure "$OUT/$name-figure.png"
+    tar czf "$OUT/$name-runs.tgz" -C "$RUNS" "$name" ;;
   probe)
     python3 scripts/gpu_copy_probe.py 2>&1 | tee "$OUT/copy-probe-1gpu.txt"
     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then python3 scripts/gpu_copy_probe.py --peer 2>&1 | tee "$OUT/copy-probe-2gpu.txt"; fi ;;

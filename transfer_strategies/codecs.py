@@ -23,7 +23,9 @@ The payload: the quantized values in the buffer's element order (packed for int4
 scales in theirs. A receiver checks its size before reading it: a payload cut short (a scale
 gone missing) is refused, not read. `max_rel_error` is what the codec guarantees: no value's
 error exceeds it times the largest magnitude of its group, so of its layer (the records'
-`codec_max_rel`, measured on the sender, is checked against it by the tests).
+`codec_max_rel`, measured on the sender, is checked against it by the tests), except in groups
+whose largest magnitude is below qmax x 2^-126 (bf16 subnormals), whose values are kept to within
+2^-127 (their scale is held at float32's smallest normal).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from transfer_strategies.connector_config import ContractError
 from transfer_strategies.kv_blocks import KVBlocks
 
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+SCALE_MIN = 2.0**-126  # torch.finfo(torch.float32).tiny: scales below it would have no finite reciprocal
 
 
 @dataclass(frozen=True)
@@ -179,10 +182,13 @@ class Codec:
             return out
         x = blocks.float().view(self._grouped(n_layers, n_blocks))
         amax = x.abs().amax(dim=self._reduced(), keepdim=True)
-        # times the reciprocal, not divided by qmax: one defined float32 product on every device
-        # (torch's CUDA divides by a scalar that way; codec_kernel.py does the same)
-        scale = torch.where(amax > 0, amax * (1.0 / self.format.qmax), torch.ones_like(amax))
-        q = x / scale
+        # Products, not divisions: a value times its group's float32 reciprocal (a division per
+        # value was most of the send's time in codec_kernel.py), and the scale as amax times the
+        # reciprocal of qmax; float32 products are the same on every device, so the kernel and this
+        # path give the same bytes. The scale is at least float32's smallest normal (for a group of
+        # zeros too), so that its reciprocal is finite.
+        scale = (amax * (1.0 / self.format.qmax)).clamp_(min=SCALE_MIN)
+        q = x * scale.reciprocal()
         nv = self.value_bytes(n_layers, n_blocks)
         values = out[:nv]
         if self.format.name == "fp8":
