@@ -239,7 +239,7 @@ def test_the_cuda_kernels_compile_for_hopper(kernel, fmt, per_token):
 
     fn = getattr(codec_kernel, kernel)
     pointers = {"cache": "*bf16", "piece_offsets": "*i64", "ids": "*i64", "values": "*u8", "scales": "*fp32"}
-    constexprs = {"T": 16, "H": 8, "S": 128, "BLOCK_T": 16, "BLOCK_H": 4, "C": 32 if fmt == "int4" else 128,
+    constexprs = {"T": 16, "S": 128, "BLOCK_T": 16, "C": 32 if fmt == "int4" else 128,
                   "FMT": codec_kernel.FORMAT_IDS[fmt], "PER_TOKEN": per_token, "QMAX": FORMATS[fmt].qmax}
     constexprs = {n: v for n, v in constexprs.items() if n in fn.arg_names}
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in fn.arg_names}

@@ -10,6 +10,9 @@ this kernel, reconstructs with torch; the receiver reconstructs with the kernel)
 largest magnitude, scale = amax x float32(1 / qmax) (at least 2^-126), each value times the
 float32 reciprocal of its scale, then rounded to nearest even (FP8 e4m3 saturating at 448; int8
 and int4 to the nearest integer, clamped), and back: q * scale in float32, rounded to the KV dtype.
+One program per head of a block: programs of several heads (up to 16k values) were no faster
+on the H200 (8-bit send at 8k tokens 0.68-0.73 ms either way) and made 4-bit's per-token send
+1.5x slower (results/gpu/2026-12-04-s22/tune_codec_kernel.txt).
 
 A piece of KV (a layer's K or V) holds blocks of [tokens, heads, head size] (NHD) or [heads,
 tokens, head size] (HND); program (j, k, h) handles head h of the request's block j in piece k.
@@ -39,29 +42,32 @@ def _quantize(x, amax, QMAX: tl.constexpr, FMT: tl.constexpr):
 
 @triton.jit
 def _encode(cache, piece_offsets, ids, values, scales, n_blocks, block_elems, stride_t, stride_h,
-            scales_per_block, scale_t, scale_h, T: tl.constexpr, H: tl.constexpr, S: tl.constexpr,
-            BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, C: tl.constexpr, QMAX: tl.constexpr, FMT: tl.constexpr,
-            PER_TOKEN: tl.constexpr):
+            scales_per_block, scale_t, scale_h, T: tl.constexpr, S: tl.constexpr, BLOCK_T: tl.constexpr,
+            C: tl.constexpr, QMAX: tl.constexpr, FMT: tl.constexpr, PER_TOKEN: tl.constexpr):
     j = tl.program_id(0)
     k = tl.program_id(1)
+    h = tl.program_id(2)
     G: tl.constexpr = S // C
-    t = tl.arange(0, BLOCK_T)[:, None, None]
-    h = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)[None, :, None]
-    within = t * stride_t + h * stride_h + tl.arange(0, S)[None, None, :]  # [BLOCK_T, BLOCK_H, S]
-    mask = (t < T) & (h < H)
+    t = tl.arange(0, BLOCK_T)
+    c = tl.arange(0, S)
+    within = t[:, None] * stride_t + h * stride_h + c[None, :]  # [BLOCK_T, S]
+    mask = (t < T)[:, None]
     src = tl.load(ids + j).to(tl.int64) * block_elems + tl.load(piece_offsets + k)
     x = tl.load(cache + src + within, mask=mask, other=0.0).to(tl.float32)
-    x4 = tl.reshape(x, (BLOCK_T, BLOCK_H, G, C))
-    at = (k * n_blocks + j).to(tl.int64) * scales_per_block + h * scale_h + tl.arange(0, G)[None, None, :]
+    x3 = tl.reshape(x, (BLOCK_T, G, C))
     if PER_TOKEN:
-        amax = tl.max(tl.abs(x4), axis=3)  # [BLOCK_T, BLOCK_H, G]
-        q, scale = _quantize(x4, amax[:, :, :, None], QMAX, FMT)
-        tl.store(scales + at + t * scale_t, tl.reshape(scale, (BLOCK_T, BLOCK_H, G)), mask=mask)
-    else:  # one scale per head and group of channels over the block's tokens
-        amax = tl.max(tl.max(tl.abs(x4), axis=3), axis=0)  # [BLOCK_H, G]
-        q, scale = _quantize(x4, amax[None, :, :, None], QMAX, FMT)
-        tl.store(scales + at, tl.reshape(scale, (1, BLOCK_H, G)), mask=h < H)
-    q = tl.reshape(q, (BLOCK_T, BLOCK_H, S))
+        amax = tl.max(tl.abs(x3), axis=2)  # [BLOCK_T, G]
+        q, scale = _quantize(x3, amax[:, :, None], QMAX, FMT)
+        g = tl.arange(0, G)
+        s_at = (k * n_blocks + j).to(tl.int64) * scales_per_block + t[:, None] * scale_t + h * scale_h + g[None, :]
+        tl.store(scales + s_at, scale.reshape(BLOCK_T, G), mask=(t < T)[:, None])
+    else:
+        amax = tl.max(tl.max(tl.abs(x3), axis=2), axis=0)  # [G]
+        q, scale = _quantize(x3, amax[None, :, None], QMAX, FMT)
+        g = tl.arange(0, G)
+        s_at = (k * n_blocks + j).to(tl.int64) * scales_per_block + h * scale_h + g
+        tl.store(scales + s_at, tl.reshape(scale, (G,)))
+    q = tl.reshape(q, (BLOCK_T, S))
     dst = (k * n_blocks + j).to(tl.int64) * block_elems + within  # the payload's element order: the buffer's
     if FMT == 0:
         tl.store(values + dst, q.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True),
@@ -69,38 +75,39 @@ def _encode(cache, piece_offsets, ids, values, scales, n_blocks, block_elems, st
     elif FMT == 1:
         tl.store(values + dst, q.to(tl.int8).to(tl.uint8, bitcast=True), mask=mask)
     else:  # two values a byte, the even one in the low half
-        lo, hi = tl.split(tl.reshape((q + 8).to(tl.uint8), (BLOCK_T, BLOCK_H, S // 2, 2)))
-        even, _ = tl.split(tl.reshape(dst, (BLOCK_T, BLOCK_H, S // 2, 2)))
+        lo, hi = tl.split(tl.reshape((q + 8).to(tl.uint8), (BLOCK_T, S // 2, 2)))
+        even, _ = tl.split(tl.reshape(dst, (BLOCK_T, S // 2, 2)))
         tl.store(values + even // 2, lo | (hi << 4), mask=mask)
 
 
 @triton.jit
 def _decode(cache, piece_offsets, ids, values, scales, n_blocks, first, block_elems, stride_t, stride_h,
-            scales_per_block, scale_t, scale_h, T: tl.constexpr, H: tl.constexpr, S: tl.constexpr,
-            BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, C: tl.constexpr, FMT: tl.constexpr,
-            PER_TOKEN: tl.constexpr):
+            scales_per_block, scale_t, scale_h, T: tl.constexpr, S: tl.constexpr, BLOCK_T: tl.constexpr,
+            C: tl.constexpr, FMT: tl.constexpr, PER_TOKEN: tl.constexpr):
     j = first + tl.program_id(0)
     k = tl.program_id(1)
+    h = tl.program_id(2)
     G: tl.constexpr = S // C
-    t = tl.arange(0, BLOCK_T)[:, None, None]
-    h = tl.program_id(2) * BLOCK_H + tl.arange(0, BLOCK_H)[None, :, None]
-    within = t * stride_t + h * stride_h + tl.arange(0, S)[None, None, :]
-    mask = (t < T) & (h < H)
+    t = tl.arange(0, BLOCK_T)
+    c = tl.arange(0, S)
+    within = t[:, None] * stride_t + h * stride_h + c[None, :]
+    mask = (t < T)[:, None]
     src = (k * n_blocks + j).to(tl.int64) * block_elems + within
     if FMT == 0:
         q = tl.load(values + src, mask=mask, other=0).to(tl.float8e4nv, bitcast=True).to(tl.float32)
     elif FMT == 1:
         q = tl.load(values + src, mask=mask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
     else:
-        even, _ = tl.split(tl.reshape(src, (BLOCK_T, BLOCK_H, S // 2, 2)))
+        even, _ = tl.split(tl.reshape(src, (BLOCK_T, S // 2, 2)))
         b = tl.load(values + even // 2, mask=mask, other=0)
-        q = tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_T, BLOCK_H, S)).to(tl.float32) - 8
-    at = (k * n_blocks + j).to(tl.int64) * scales_per_block + h * scale_h + tl.arange(0, G)[None, None, :]
+        q = tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_T, S)).to(tl.float32) - 8
+    g = tl.arange(0, G)
     if PER_TOKEN:
-        scale = tl.load(scales + at + t * scale_t, mask=mask, other=1.0)  # [BLOCK_T, BLOCK_H, G]
+        s_at = (k * n_blocks + j).to(tl.int64) * scales_per_block + t[:, None] * scale_t + h * scale_h + g[None, :]
+        scale = tl.load(scales + s_at, mask=(t < T)[:, None], other=1.0)[:, :, None]
     else:
-        scale = tl.load(scales + at, mask=h < H, other=1.0)  # [1, BLOCK_H, G]
-    x = tl.reshape(tl.reshape(q, (BLOCK_T, BLOCK_H, G, C)) * scale[:, :, :, None], (BLOCK_T, BLOCK_H, S))
+        scale = tl.load(scales + (k * n_blocks + j).to(tl.int64) * scales_per_block + h * scale_h + g)[None, :, None]
+    x = tl.reshape(tl.reshape(q, (BLOCK_T, G, C)) * scale, (BLOCK_T, S))
     dst = tl.load(ids + j).to(tl.int64) * block_elems + tl.load(piece_offsets + k)
     tl.store(cache + dst + within, x.to(cache.dtype.element_ty), mask=mask)  # round to nearest even
 
@@ -109,9 +116,6 @@ class CodecKernel:
     """The two kernels bound to one engine's KV layout (codecs.Codec.attach makes it where it can:
     CUDA, contiguous pieces of [tokens, heads, head size] or [heads, tokens, head size], a head
     size and channels per scale that are powers of two)."""
-
-    TILE = 8192  # values a program handles (its heads of one block of one piece)
-    WARPS = 4
 
     def __init__(self, codec):
         kv = codec.kv
@@ -148,27 +152,20 @@ class CodecKernel:
                 self.scale_h)
 
     def _consts(self) -> dict:
-        block_t = triton.next_power_of_2(self.T)
-        # heads per program: as many as keep a program's tile near TILE values (one program per
-        # head, 2k values at the 8B shape, left the 8-bit send at half the copy bandwidth)
-        block_h = min(triton.next_power_of_2(self.H), max(1, self.TILE // (block_t * self.S)))
-        return {"T": self.T, "H": self.H, "S": self.S, "BLOCK_T": block_t, "BLOCK_H": block_h,
-                "C": self.codec.channels, "FMT": FORMAT_IDS[self.codec.format.name], "PER_TOKEN": self.per_token,
-                "num_warps": self.WARPS}
+        return {"T": self.T, "S": self.S, "BLOCK_T": triton.next_power_of_2(self.T), "C": self.codec.channels,
+                "FMT": FORMAT_IDS[self.codec.format.name], "PER_TOKEN": self.per_token}
 
     def encode(self, ids: torch.Tensor, values: torch.Tensor, scales: torch.Tensor) -> None:
         """Blocks `ids` (int64, on the device) of every piece into values (uint8) and scales (float32)."""
         n = ids.numel()
         if n:
-            consts = self._consts()
-            grid = (n, len(self.pieces), triton.cdiv(self.H, consts["BLOCK_H"]))
-            _encode[grid](self.base, self.offsets, ids, values, scales, *self._args(n), QMAX=self.codec.format.qmax,
-                          **consts)
+            _encode[(n, len(self.pieces), self.H)](self.base, self.offsets, ids, values, scales, *self._args(n),
+                                                   QMAX=self.codec.format.qmax, **self._consts(), num_warps=4)
 
     def decode(self, values: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor, n_blocks: int, first: int) -> None:
         """Blocks [first, n_blocks) of a payload into this engine's blocks ids[first:]."""
         if n_blocks > first:
-            consts = self._consts()
-            grid = (n_blocks - first, len(self.pieces), triton.cdiv(self.H, consts["BLOCK_H"]))
-            _decode[grid](self.base, self.offsets, ids, values, scales, n_blocks, first, *self._args(n_blocks)[1:],
-                          **consts)
+            n = n_blocks
+            _decode[(n_blocks - first, len(self.pieces), self.H)](self.base, self.offsets, ids, values, scales,
+                                                                  n, first, *self._args(n)[1:], **self._consts(),
+                                                                  num_warps=4)
