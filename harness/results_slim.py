@@ -15,6 +15,11 @@ tree free of them):
                 is the same without it; its overrides (overrides.yaml) and config group choices
                 (hydra.yaml) move into meta.json as `overrides` and `choices` (removed)
     empty_logs  log files of 0 bytes (removed)
+    digests     a transfer record's per-block digests (one 16-hex-digit sum per block and KV head:
+                most of a long prompt's record, 80 kB at 16k tokens of the Llama-3-8B shape),
+                whose verdict requests.jsonl keeps (digest_match): replaced by one fingerprint
+                (`digests_sha256`, the SHA-256 of the digests as JSON with sorted keys, first 16
+                hex digits), so two records' digests can still be told equal or not
     gzip        every *.jsonl is kept as *.jsonl.gz (harness.records.read_jsonl reads either)
     log_paths   absolute paths of the machine a run ran on, in its logs (*.log, *.log.gz,
                 *.out.gz), written as placeholders: <venv>/ (a virtualenv), <repo>/ (the
@@ -26,13 +31,15 @@ tree free of them):
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-RULES = ("rendezvous", "prompts", "figures", "hydra", "empty_logs", "gzip", "log_paths")
+RULES = ("rendezvous", "prompts", "figures", "hydra", "empty_logs", "digests", "gzip", "log_paths")
+TRANSFER_RECORDS = re.compile(r"^(prefill|decode)-transfers.*\.jsonl(\.gz)?$")
 RENDEZVOUS = re.compile(r"^kv-channel.*\.port(\.p\d+d\d+)?$")
 LOG_SUFFIXES = (".log", ".log.gz", ".out.gz")
 # in order: a virtualenv anywhere, then the checkout (/work/<name>), then the rest
@@ -183,6 +190,30 @@ def _find_figures(root: Path) -> list[Path]:
             and (p.parent / f"rows{p.name.removeprefix('figure').removesuffix('.png')}.csv").exists()]
 
 
+def _jsonl_lines(p: Path) -> list[str]:
+    data = p.read_bytes()
+    return (gzip.decompress(data) if p.name.endswith(".gz") else data).decode().splitlines()
+
+
+def _with_digests(p: Path) -> bool:
+    return any(json.loads(line).get("digests") for line in _jsonl_lines(p) if line.strip())
+
+
+def digests_fingerprint(digests) -> str:
+    return hashlib.sha256(json.dumps(digests, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def _fingerprint_digests(p: Path) -> None:
+    out = []
+    for line in _jsonl_lines(p):
+        r = json.loads(line) if line.strip() else None
+        if r and r.get("digests"):
+            r["digests_sha256"], r["digests"] = digests_fingerprint(r["digests"]), None
+        out.append(line if r is None else json.dumps(r))
+    data = ("\n".join(out) + "\n").encode()
+    p.write_bytes(gzip.compress(data, 9, mtime=0) if p.name.endswith(".gz") else data)
+
+
 def _find_hydra(root: Path) -> list[Path]:
     return sorted(p for p in Path(root).rglob(".hydra") if p.is_dir() and _hydra_droppable(p.parent))
 
@@ -193,6 +224,7 @@ FIND: dict[str, Callable[[Path], list[Path]]] = {
     "figures": _find_figures,
     "hydra": _find_hydra,
     "empty_logs": lambda root: [p for p in _files(root) if _is_log(p) and p.stat().st_size == 0],
+    "digests": lambda root: [p for p in _files(root) if TRANSFER_RECORDS.match(p.name) and _with_digests(p)],
     "gzip": lambda root: [p for p in _files(root) if p.name.endswith(".jsonl")],
     "log_paths": lambda root: [p for p in _files(root) if _is_log(p) and MACHINE_PATH.search(_log_text(p))],
 }
@@ -212,6 +244,7 @@ APPLY: dict[str, Callable[[Path], None]] = {
     "figures": Path.unlink,
     "hydra": lambda p: drop_hydra(p.parent),
     "empty_logs": Path.unlink,
+    "digests": _fingerprint_digests,
     "gzip": _gzip,
     "log_paths": lambda p: _write_log(p, without_machine_paths(_log_text(p))),
 }

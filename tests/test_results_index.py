@@ -17,7 +17,7 @@ import pytest
 from harness import results_index
 from harness.records import read_jsonl
 from harness.results import load_requests, run_config
-from harness.results_slim import RULES, leftovers, regenerated_prompts, slim
+from harness.results_slim import RULES, digests_fingerprint, leftovers, regenerated_prompts, slim
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = [ROOT / "results" / "cpu", ROOT / "results" / "gpu"]
@@ -140,6 +140,9 @@ def test_slimming_a_run_directory_keeps_what_the_loader_reads(tmp_path):
     (run / "kv-channel.port.p0d1").write_text("41235")
     (run / "__main__.log").write_text("")
     (run / "prefill.log").write_text("/work/main/.venv/lib/python3.12/x.py:1: warning; logs in /tmp/runs/a\n")
+    sent = [{"transfer_id": "t0", "side": "send", "digests": {"0": ["00ab", "ff01"]}},
+            {"transfer_id": "t1", "side": "send", "digests": None, "error": "dropped"}]
+    (run / "prefill-transfers.jsonl").write_text("".join(json.dumps(r) + "\n" for r in sent))
     bench = run.parent
     from harness.workload import bench_prompts
     (bench / "prompts.jsonl").write_text(bench_prompts([4, 8], 2))
@@ -149,9 +152,14 @@ def test_slimming_a_run_directory_keeps_what_the_loader_reads(tmp_path):
 
     done = slim(tmp_path / "results" / "gpu")
     assert {rule: len(paths) for rule, paths in done.items()} == {
-        "rendezvous": 2, "prompts": 1, "figures": 1, "hydra": 1, "empty_logs": 1, "gzip": 1, "log_paths": 1}
+        "rendezvous": 2, "prompts": 1, "figures": 1, "hydra": 1, "empty_logs": 1, "digests": 1, "gzip": 2,
+        "log_paths": 1}
     assert leftovers(tmp_path / "results" / "gpu") == {rule: [] for rule in RULES}
-    assert sorted(p.name for p in run.iterdir()) == ["meta.json", "prefill.log", "requests.jsonl.gz"]
+    assert sorted(p.name for p in run.iterdir()) == ["meta.json", "prefill-transfers.jsonl.gz", "prefill.log",
+                                                     "requests.jsonl.gz"]
+    # the digests' verdict is in the requests; a fingerprint of them stays, nothing else changes
+    assert read_jsonl(run / "prefill-transfers.jsonl") == [
+        {**sent[0], "digests": None, "digests_sha256": digests_fingerprint({"0": ["00ab", "ff01"]})}, sent[1]]
     assert run_config(run) == before and read_jsonl(run / "requests.jsonl") == rows
     meta = json.loads((run / "meta.json").read_text())
     assert meta["overrides"] == ["strategy=fused"] and meta["choices"] == {"strategy": "fused"}
