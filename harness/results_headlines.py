@@ -18,9 +18,17 @@ class Headline:
 
 
 HEADLINES = [
-    Headline("GPU, fused: TTFT overhead at 8k tokens, one H200, the current code", "+10.6 ms [6.4, 13.2]; "
+    Headline("GPU, fused: TTFT overhead at 8k tokens, one H200, the current code", "+12.1 ms [9.8, 13.7]; "
+             "transfer 0.513 ms", "gpu/2026-12-04-s22/ttft", "README.md", "fused at 8k +12.1 ms\n[9.8, 13.7]"),
+    Headline("GPU, fused: TTFT overhead at 8k tokens, one H200 (a255925)", "+10.6 ms [6.4, 13.2]; "
              "after_forward_ms 11.4 [11.2, 11.8]", "gpu/2026-12-03-s18/ttft-early", "README.md",
              "at 8k +10.6 ms [6.4, 13.2]"),
+    Headline("GPU, lossy strategies at 8k tokens (8B shape): TTFT overhead with the harness's checks off",
+             "fused_int8 +11.2 ms [5.6, 14.1], fused_fp8 +12.3 [10.0, 14.6] (fused +12.0)",
+             "gpu/2026-12-04-s22/ttft-nochecks", "README.md", "+11.2 ms [5.6, 14.1]"),
+    Headline("GPU, lossy strategies' accuracy (llama3_8b_kv, 2k tokens): match rate", "fused_int8 0.688 against "
+             "fused's 0.75 (its misses near ties); fused_fp8 0.25", "gpu/2026-12-04-s22/lossy/a", "README.md",
+             "| fused_int8 at 2048 | 0.5 | 7.30e-03 (1.18e-02) | 0.688 (5) |"),
     Headline("GPU, fused: transfer at 8k (1 GiB) against the same-run copy ceiling", "0.513 ms, 0.99 of the ceiling",
              "gpu/2026-12-03-s18/ttft-early", "README.md", "transfer 0.513 ms (0.99 of the ceiling)"),
     Headline("GPU, fused at 2k tokens", "+10.2 ms [9.4, 11.4]; transfer 0.28 ms, 0.46 of the ceiling",
@@ -47,7 +55,7 @@ HEADLINES = [
              "cpu/2026-12-03-s19-engine-reuse/strategies", "README.md", "65 s cold, 62 s reused"),
     Headline("CPU, lossy strategies at 448 tokens (workload=corpus): exact-match drop at a quarter of fused's bytes",
              "fused_int8 0.0833, fused_fp8 0.333; fused_int4 (0.156 of the bytes) 0.375",
-             "cpu/2026-12-04-s21-lossy/strategies", "README.md",
+             "cpu/2026-12-04-s22-lossy/strategies", "README.md",
              "| fused_int8 at 448 | 0.25 | 3.94e-03 (1.05e-02) | 0.0833 |"),
     Headline("CPU serving (fused, 64 requests at 2 and 8 req/s): P/D TTFT", "38.0 [29.7, 75.5] and 42.4 [28.5, 92.7] "
              "ms (colocated 14.4 and 12.1)", "cpu/2026-12-01-s8-serve", "README.md",
