@@ -114,6 +114,9 @@ def tp_degree(cfg: DictConfig, role: str) -> int:
 
 def check_settings(cfg: DictConfig) -> None:
     """The values that need no device, model or vLLM to judge."""
+    if cfg.link.kind != "none" and cfg.runner.name != "offline":
+        raise ConfigError(f"link={cfg.link.kind} runs with runner=offline (the serving runner's instances do not "
+                          f"enter network namespaces)")
     max_tokens = cfg.sampling.max_tokens
     if not isinstance(max_tokens, int) or max_tokens < 1:
         raise ConfigError(f"sampling.max_tokens must be an integer >= 1 (the decode engine generates them), "

@@ -58,7 +58,8 @@ def across(netns, port: int) -> list[str]:
             f"run.netns.prefill={netns[0]}", f"run.netns.decode={netns[1]}"]
 
 
-@pytest.mark.parametrize(("strategy", "p", "d"), [pytest.param("fused", 1, 1),
+# the default tier crosses a link the harness makes (tests/test_link_cpu.py, the same run.netns path)
+@pytest.mark.parametrize(("strategy", "p", "d"), [pytest.param("fused", 1, 1, marks=FULL),
                                                   pytest.param("per_request_blocks", 1, 2, marks=FULL)])
 def test_kv_crosses_a_network_interface_between_namespaces(two_hosts, strategy, p, d, tmp_path):
     before = sent_bytes(two_hosts[0])

@@ -61,7 +61,7 @@ def test_readme_documents_every_summary_key_and_no_other():
                           engines_reused={"baseline": True, "prefill": False, "decode": False},
                           engine_logs={"baseline": "runs/1/baseline.log"}, kv_cache_dtype=None)
     assert summary["schema_version"] == SCHEMA_VERSION and summary["mismatches"] == 3
-    assert expand(documented("summary.json")) == set(summary) | {"recomputed", "diagnosis", "link_ceiling_gbps"}
+    assert expand(documented("summary.json")) == set(summary) | {"recomputed", "diagnosis", "link_ceiling_gbps", "link"}
 
 
 def test_a_serving_mismatch_at_a_near_tie_does_not_fail_the_run():

@@ -19,6 +19,8 @@ from harness.ceiling import copy_ceiling_gbps
 from harness.checks import ConfigError, checked_inputs, decode_submit, stored_kv_dtype
 from harness.engine_config import link_ceiling
 from harness.engine_process import EngineDied
+from harness.link import LinkError, VethLink, link_for
+from harness.link import apply as apply_link
 from harness.offline.deployment import OfflineDeployment
 from harness.offline.engine_pool import POOL
 from harness.offline.rows import RunRows
@@ -30,24 +32,42 @@ from harness.workload import Workload, WorkloadError, warmup_workload
 
 def run(cfg: DictConfig, run_dir: Path) -> int:
     """Returns the exit code: 0 all outputs match, 1 a mismatch or digest failure, 2 bad input,
-    3 an engine died or stalled, 130 interrupted."""
+    3 an engine died or stalled, 130 interrupted. With link=veth the run's engines sit on either
+    side of a shaped link made for it and removed after it (harness/link.py)."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        link = link_for(cfg)
+        if link is None:
+            return _run(cfg, run_dir)
+        with link:
+            apply_link(cfg, link)
+            return _run(cfg, run_dir, link)
+    except LinkError as e:
+        return bad_input(run_dir, e)
+
+
+def bad_input(run_dir: Path, e: Exception) -> int:
+    print(f"error: {e}", file=sys.stderr)
+    write_json(run_dir / "summary.json", {"status": "bad_input", "error": str(e), "run_id": run_dir.name})
+    return 2
+
+
+def _run(cfg: DictConfig, run_dir: Path, link: VethLink | None = None) -> int:
     run_id = run_dir.name
     t_run = time.monotonic()
     try:
         device, workload = checked_inputs(cfg)
     except (ConfigError, WorkloadError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        write_json(run_dir / "summary.json", {"status": "bad_input", "error": str(e), "run_id": run_id})
-        return 2
+        return bad_input(run_dir, e)
 
     meta = {"run_id": run_id, "versions": versions(device), "strategy": cfg.strategy.name,
             "decode_submit": decode_submit(cfg), "model": cfg.model.name, "workload": cfg.workload.name,
             "num_prompts": len(workload.prompts), "config": OmegaConf.to_container(cfg, resolve=True)}
     write_json(run_dir / "meta.json", meta)
     ceiling = copy_ceiling_gbps(device)  # before the engines start: the machine is quiet
-    link = link_ceiling(cfg)
-    deployment = OfflineDeployment(cfg, device, run_dir, pool=POOL if cfg.run.reuse_engines else None)
+    link_gbps = link_ceiling(cfg)
+    # engines inside a run's own namespaces serve no other run
+    deployment = OfflineDeployment(cfg, device, run_dir, pool=POOL if cfg.run.reuse_engines and not link else None)
     rows = RunRows(cfg, run_dir, run_id, device)
     kv_in_use: dict[str, int | None] = {}
     transfer_held: dict[str, dict | None] = {}
@@ -88,7 +108,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                           decode_submit=decode_submit(cfg), kv_blocks_in_use=kv_in_use, transfer_held=transfer_held,
                           engines_reused=dict(deployment.reused), engine_logs=deployment.engine_logs(),
                           kv_cache_dtype=stored_kv_dtype(cfg),
-                          **({"link_ceiling_gbps": link} if link is not None else {}),
+                          **({"link_ceiling_gbps": link_gbps} if link_gbps is not None else {}),
+                          **({"link": link.spec.summary()} if link is not None else {}),
                           baseline_self_mismatches=self_match.count(False) if self_match else None,
                           baseline_self_match_rate=self_match.count(True) / len(self_match) if self_match else None)
     if status == "ok":

@@ -1,0 +1,68 @@
+"""link=veth: the prefill and decode engines across a shaped link the harness makes for the run
+(harness/link.py). The shaping really applied (the measured ceiling within 10% of the set rate),
+a strategy correct across it, bad settings refused before anything is made, and nothing left
+behind. Needs root and iproute2 (tc): skipped where either is missing."""
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from harness.ceiling import link_ceiling_gbps
+from harness.link import IFNAME, PREFILL_IP, LinkError, LinkSpec, VethLink
+from tests.conftest import run_harness
+from tests.helpers.runs import assert_bad_input
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("tc") is None or shutil.which("ip") is None,
+                                reason="a shaped link needs root and iproute2 (ip, tc)")
+
+
+def namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def test_a_link_spec_is_checked_and_becomes_tbf_under_netem():
+    assert LinkSpec(10).qdiscs() == [["root", "handle", "2:", "tbf", "rate", "10gbit", "burst", "5000000",
+                                      "latency", "20ms"]]
+    delayed = LinkSpec(1, 0.5).qdiscs()
+    assert delayed[0][:5] == ["root", "handle", "1:", "netem", "delay"] and delayed[1][:2] == ["parent", "1:1"]
+    assert LinkSpec().qdiscs() == []  # unshaped: the veth pair's own speed
+    for bad in ({"rate_gbit": 0}, {"rate_gbit": -1}, {"delay_ms": -1}):
+        with pytest.raises(LinkError):
+            LinkSpec(**bad)
+
+
+@needs_root
+def test_a_link_is_shaped_to_its_rate_and_removed_after():
+    before = namespaces()
+    with VethLink(LinkSpec(1.0)) as link:
+        assert set(link.netns.values()) <= namespaces()
+        assert "tbf" in link.shown()["prefill"] and "tbf" in link.shown()["decode"]
+        gbps = link_ceiling_gbps(PREFILL_IP, link.netns, IFNAME, nbytes=16 << 20)
+    assert isinstance(gbps, float) and gbps == pytest.approx(1.0 / 8, rel=0.1), gbps
+    assert namespaces() == before
+
+
+def test_bad_link_settings_are_bad_input(tmp_path):
+    assert_bad_input(run_harness(tmp_path / "a", "link=veth"), "link=veth needs transport=gloo")
+    assert_bad_input(run_harness(tmp_path / "b", "link=veth", "transport=gloo", "link.rate_gbit=-1"),
+                     "link.rate_gbit must be > 0")
+    assert_bad_input(run_harness(tmp_path / "c", "link=veth", "transport=gloo", "transport.address=10.0.0.1:1"),
+                     "leave run.netns and transport.address unset")
+    assert_bad_input(run_harness(tmp_path / "d", "link=veth", "transport=gloo", "runner=serve"),
+                     "runs with runner=offline")
+
+
+@needs_root
+@pytest.mark.engine
+def test_kv_crosses_a_shaped_link_bit_for_bit(tmp_path):
+    before = namespaces()
+    run = run_harness(tmp_path / "r", "link=veth", "link.rate_gbit=2", "transport=gloo")
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "ok" and s["match_rate"] == 1.0 and s["digest_failures"] == 0 and s["digest_checked"] == 4
+    assert s["link"] == {"kind": "veth", "rate_gbit": 2.0, "delay_ms": 0.0}
+    assert s["link_ceiling_gbps"] == pytest.approx(2.0 / 8, rel=0.1)  # measured across the shaped link
+    assert namespaces() == before  # the link's namespaces, veth pair and qdiscs went with the run
