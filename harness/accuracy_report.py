@@ -26,6 +26,8 @@ def accuracy_table(runs: pd.DataFrame) -> pd.DataFrame:
     lossy strategy ran are kept, with fused's rows there (its bytes and time are the reference)."""
     df = runs.copy()
     df["prompt_len"] = df.get("workload.prompt_len")
+    # a run of several lengths (a benchmark's prompts file, workload=jsonl) has none to compare at
+    df = df[pd.to_numeric(df["prompt_len"], errors="coerce").notna()] if "prompt_len" in df else df.iloc[:0]
     for col in COLUMNS:
         if col not in df:
             df[col] = None

@@ -15,7 +15,8 @@ from tests.conftest import ROOT
 
 FIGURES = ["ttft_and_transfer_vs_prompt_len.png", "gbps_vs_bytes.png", "ttft_overhead_parts.png",
            "messages_vs_transfer_ms.png", "serve_latency_vs_rate.png", "serve_pareto.png",  # serve: committed runs
-           "lossy_cost_vs_bytes.png"]  # results/cpu/2026-12-04-s2[12]-lossy, results/gpu/2026-12-04-s22/lossy
+           "lossy_cost_vs_bytes.png",  # results/cpu/2026-12-04-s2[12]-lossy, results/gpu/2026-12-04-s22/lossy
+           "ttft_vs_link.png"]  # results/cpu/2026-12-04-s22-link
 
 
 @pytest.mark.slow  # about 2 minutes on the 2-core machine: in make test, not in make test-fast

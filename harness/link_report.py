@@ -1,0 +1,125 @@
+"""Which strategy wins on which link: from run directories of strategies on the same machine and
+across shaped links (link=veth sweeps), one row per model, device, prompt length, link and
+strategy with the TTFT overhead a user feels [95% interval], the prefill's own token, the
+transfer, and the KV's arrival in the decode engine's blocks from the end of the prefill's
+forward pass (kv_ms: negative where it came before the pass ended), against the link's ceiling; the winner of each prompt
+length and link (the lowest median, and whether its interval clears the next one's); and the
+figure of TTFT overhead against link speed. scripts/link_report.py draws them.
+
+A link's label is its set rate ("1 Gbit/s"), "veth" for an unshaped one and "same machine" for
+a run without a link (transport=staged, shared memory); rows are ordered fastest link first.
+Only runs beside a link run are read: under the same directory two levels up as one (a sweep
+across links and a sweep on the same machine side by side, as scripts/link_report.py shows), so
+that unrelated runs of the same prompt length do not join a cell.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+
+KEYS = ["model", "device", "prompt_len", "link"]
+COLUMNS = ["model", "device", "prompt_len", "link", "link_ceiling_gbit", "strategy", "requests",
+           "ttft_overhead_ms_p50", "ttft_overhead_ms_p50_lo", "ttft_overhead_ms_p50_hi",
+           "prefill_ttft_overhead_ms_p50", "transfer_ms_p50", "kv_ms_p50", "bytes_p50", "match_rate", "status"]
+
+
+def _link(row) -> tuple[str, float]:
+    """(label, Gbit/s: inf on the same machine) of a run's link, from its config."""
+    kind = row.get("link.kind")
+    if not isinstance(kind, str) or kind == "none":
+        return "same machine", math.inf
+    rate = row.get("link.rate_gbit")
+    if rate is None or rate != rate:
+        return kind, math.inf if kind != "veth" else 1e6  # unshaped: slower than shared memory
+    return f"{rate:g} Gbit/s", float(rate)
+
+
+def link_table(runs: pd.DataFrame) -> pd.DataFrame:
+    """runs: load_runs' frame. Runs of one cell (model, device, prompt length, link, strategy)
+    are pooled by their medians' mean (the interval of the first: a cell is one run here)."""
+    df = runs.copy()
+    if "run_dir" in df:
+        linked = df.get("link.kind", pd.Series(None, index=df.index)).fillna("none") != "none"
+        roots = {Path(d).parent.parent for d in df.loc[linked, "run_dir"]}
+        df = df[df["run_dir"].map(lambda d: Path(d).parent.parent in roots)]
+    df["prompt_len"] = df.get("workload.prompt_len")
+    links = [_link(r) for r in df.to_dict("records")]
+    df["link"], df["link_rate"] = [lbl for lbl, _ in links], [g for _, g in links]
+    ceiling = df.get("link_ceiling_gbps", pd.Series(None, index=df.index))
+    df["link_ceiling_gbit"] = pd.to_numeric(ceiling, errors="coerce") * 8
+    for col in COLUMNS:
+        if col not in df:
+            df[col] = None
+    numeric = [c for c in COLUMNS if c not in (*KEYS, "strategy", "status", "requests")]
+    for c in numeric:
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    agg = dict.fromkeys(numeric, "mean")
+    agg.update(requests="sum", link_rate="first",
+               status=lambda s: "ok" if (s == "ok").all() else ",".join(sorted(set(map(str, s)) - {"ok"})))
+    out = df.groupby([*KEYS, "strategy"], dropna=False).agg(agg).reset_index()
+    out = out.sort_values(["model", "device", "prompt_len", "link_rate", "ttft_overhead_ms_p50"],
+                          ascending=[True, True, True, False, True], ignore_index=True)
+    return out[[*COLUMNS, "link_rate"]]
+
+
+def winners(table: pd.DataFrame) -> list[str]:
+    """One line per model, device, prompt length and link: the strategy with the lowest median
+    TTFT overhead, and whether its interval lies below the runner-up's (else: within the noise)."""
+    lines = []
+    for (model, device, n, link), g in table.groupby(KEYS, sort=False):
+        g = g.dropna(subset=["ttft_overhead_ms_p50"]).sort_values("ttft_overhead_ms_p50")
+        if g.empty:
+            continue
+        best = g.iloc[0]
+        line = f"{model} {device} {int(n)} tokens, {link}: {best['strategy']} {best['ttft_overhead_ms_p50']:+.1f} ms"
+        if len(g) > 1:
+            second = g.iloc[1]
+            clear = best["ttft_overhead_ms_p50_hi"] < second["ttft_overhead_ms_p50_lo"]
+            line += (f", {'ahead of' if clear else 'within the noise of'} {second['strategy']} "
+                     f"{second['ttft_overhead_ms_p50']:+.1f} ms")
+        lines.append(line)
+    return lines
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    head = ["prompt", "link", "link ceiling Gbit/s", "strategy", "TTFT overhead ms [95%]", "prefill's token ms",
+            "transfer ms", "KV e2e ms", "MB moved", "match", "status"]
+
+    def f(v, spec=".3g"):
+        return "-" if v is None or v != v else format(v, spec)
+
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for _, r in table.iterrows():
+        ttft = (f"{f(r['ttft_overhead_ms_p50'], '+.1f')} [{f(r['ttft_overhead_ms_p50_lo'], '.1f')}, "
+                f"{f(r['ttft_overhead_ms_p50_hi'], '.1f')}]")
+        lines.append("| " + " | ".join([
+            str(int(r["prompt_len"])) if r["prompt_len"] == r["prompt_len"] else "-", r["link"],
+            f(r["link_ceiling_gbit"]), r["strategy"], ttft, f(r["prefill_ttft_overhead_ms_p50"], ".1f"),
+            f(r["transfer_ms_p50"]), f(r["kv_ms_p50"]), f(r["bytes_p50"] / 1e6 if r["bytes_p50"] == r["bytes_p50"]
+                                                         else None), f(r["match_rate"]), str(r["status"])]) + " |")
+    return "\n".join(lines)
+
+
+def plot_ttft_against_link(table: pd.DataFrame, ax=None):
+    """TTFT overhead (median, with its interval) against the link's set rate, one line per
+    strategy and prompt length; the same machine drawn at the right edge."""
+    import matplotlib.pyplot as plt
+
+    ax = ax or plt.subplots(figsize=(6.5, 4))[1]
+    finite = table["link_rate"][table["link_rate"] < 1e5]
+    right = (finite.max() if len(finite) else 1.0) * 4
+    for (strategy, n), g in table.groupby(["strategy", "prompt_len"]):
+        g = g.sort_values("link_rate")
+        x = g["link_rate"].where(g["link_rate"] < 1e5, right)
+        y = g["ttft_overhead_ms_p50"]
+        err = [y - g["ttft_overhead_ms_p50_lo"], g["ttft_overhead_ms_p50_hi"] - y]
+        ax.errorbar(x, y, yerr=err, fmt="o-", capsize=2, label=f"{strategy} ({int(n)} tokens)")
+    ax.set_xscale("log")
+    ax.set_xlabel(f"link rate, Gbit/s (same machine drawn at {right:g})")
+    ax.set_ylabel("TTFT overhead, ms (median, 95% interval)")
+    ax.set_title("TTFT overhead against the link between prefill and decode")
+    ax.legend(fontsize=7)
+    return ax

@@ -1,0 +1,50 @@
+"""Which strategy wins on which link: the table of TTFT overhead [95% interval], the prefill's
+token, transfer and KV-ready times per prompt length, link and strategy, from run directories of
+strategies run on the same machine and across shaped links (harness/link_report.py), the winner
+of each cell, and the figure of TTFT overhead against link speed.
+
+    python -m harness -m link=veth transport=gloo strategy=fused,layerwise link.rate_gbit=0.1,1,10 \\
+        workload=synthetic workload.prompt_len=1024 workload.num_prompts=8 hydra.sweep.dir=OUT/links
+    python -m harness -m strategy=fused,layerwise workload=synthetic workload.prompt_len=1024 \\
+        workload.num_prompts=8 hydra.sweep.dir=OUT/same_machine
+    python scripts/link_report.py OUT [--out OUT/link_report.md] [--figure OUT/ttft_vs_link.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from harness.link_report import link_table, plot_ttft_against_link, to_markdown, winners  # noqa: E402
+from harness.results import load_runs  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="run or sweep directories")
+    ap.add_argument("--out", help="write the markdown (table and winners) here too")
+    ap.add_argument("--figure", help="draw the figure into this PNG")
+    args = ap.parse_args()
+    runs = load_runs(*args.runs)
+    if runs.empty:
+        print(f"no runs under {' '.join(args.runs)}", file=sys.stderr)
+        return 2
+    table = link_table(runs)
+    text = to_markdown(table) + "\n\n" + "\n".join(f"- {w}" for w in winners(table))
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    if args.figure:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        ax = plot_ttft_against_link(table)
+        ax.figure.tight_layout()
+        ax.figure.savefig(args.figure, dpi=120)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""The link report (harness/link_report.py) on a frame as load_runs gives it."""
+
+import math
+
+import pandas as pd
+
+from harness.link_report import link_table, to_markdown, winners
+
+
+def run(strategy, rate, ttft, lo, hi, kind="veth", n=1024):
+    return {"run_dir": f"out/{'links' if rate else 'same_machine'}/{strategy}-{rate}", "strategy": strategy,
+            "workload.prompt_len": n, "model": "tiny-llama", "device": "cpu",
+            "link.kind": kind, "link.rate_gbit": rate, "link_ceiling_gbps": None if rate is None else rate / 8 * 0.96,
+            "ttft_overhead_ms_p50": ttft, "ttft_overhead_ms_p50_lo": lo, "ttft_overhead_ms_p50_hi": hi,
+            "prefill_ttft_overhead_ms_p50": 1.0, "transfer_ms_p50": 2.0, "kv_ms_p50": 3.0, "bytes_p50": 4e6,
+            "match_rate": 1.0, "requests": 8, "status": "ok"}
+
+
+def test_cells_are_ordered_fastest_link_first_and_each_names_its_winner():
+    runs = pd.DataFrame([
+        run("fused", 1, 40.0, 38.0, 42.0), run("layerwise", 1, 20.0, 18.0, 22.0),
+        run("fused", None, 10.0, 9.0, 12.0, kind="none"), run("layerwise", None, 11.0, 9.5, 12.5, kind="none"),
+        run("fused", 0.1, 400.0, 390.0, 410.0),
+        {**run("fused", None, 5.0, 4.0, 6.0, kind="none"), "run_dir": "elsewhere/sweep/0_fused"},  # not beside a link
+    ])
+    t = link_table(runs)
+    assert list(zip(t["link"], t["strategy"])) == [("same machine", "fused"), ("same machine", "layerwise"),
+                                                    ("1 Gbit/s", "layerwise"), ("1 Gbit/s", "fused"),
+                                                    ("0.1 Gbit/s", "fused")]
+    assert math.isinf(t.iloc[0]["link_rate"]) and t.iloc[2]["link_ceiling_gbit"] == 0.96
+    assert winners(t) == [
+        "tiny-llama cpu 1024 tokens, same machine: fused +10.0 ms, within the noise of layerwise +11.0 ms",
+        "tiny-llama cpu 1024 tokens, 1 Gbit/s: layerwise +20.0 ms, ahead of fused +40.0 ms",
+        "tiny-llama cpu 1024 tokens, 0.1 Gbit/s: fused +400.0 ms"]
+    md = to_markdown(t)
+    assert md.count("\n") == 6 and "| 1024 | 1 Gbit/s | 0.96 | layerwise | +20.0 [18.0, 22.0] | 1.0 |" in md
