@@ -1,7 +1,7 @@
 """A link of a chosen speed and latency between the prefill and decode engines, on one machine:
 two Linux network namespaces joined by a veth pair, each end's egress shaped by the kernel's
-traffic control (`tc`: tbf for the rate, netem for a delay), so that the KV crosses a network interface as
-between two hosts (transport=gloo over TCP). Made before the run's engines start and removed
+traffic control (`tc`: tbf for the rate, netem for a delay), so that the KV crosses a network
+interface as between two hosts (transport=gloo over TCP). Made before the run's engines start and removed
 when it ends, whatever happened: the namespaces go with the veth pair and its qdiscs.
 
     python -m harness link=veth link.rate_gbit=10 link.delay_ms=0.5 transport=gloo

@@ -2,9 +2,10 @@
 across shaped links (link=veth sweeps), one row per model, device, prompt length, link and
 strategy with the TTFT overhead a user feels [95% interval], the prefill's own token, the
 transfer, and the KV's arrival in the decode engine's blocks from the end of the prefill's
-forward pass (kv_ms: negative where it came before the pass ended), against the link's ceiling; the winner of each prompt
-length and link (the lowest median, and whether its interval clears the next one's); and the
-figure of TTFT overhead against link speed. scripts/link_report.py draws them.
+forward pass (kv_ms: negative where it came before the pass ended), against the link's ceiling;
+the winner of each prompt length and link (the lowest median, and whether its interval clears
+the next one's); and the figure of TTFT overhead against link speed. scripts/link_report.py
+draws them.
 
 A link's label is its set rate ("1 Gbit/s"), "veth" for an unshaped one and "same machine" for
 a run without a link (transport=staged, shared memory); rows are ordered fastest link first.
