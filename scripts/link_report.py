@@ -40,9 +40,9 @@ def main() -> int:
         import matplotlib
 
         matplotlib.use("Agg")
-        ax = plot_ttft_against_link(table)
-        ax.figure.tight_layout()
-        ax.figure.savefig(args.figure, dpi=120)
+        axes = plot_ttft_against_link(table)
+        axes[0].figure.tight_layout()
+        axes[0].figure.savefig(args.figure, dpi=120)
     return 0
 
 

@@ -8,10 +8,12 @@ from harness.link_report import link_table, to_markdown, winners
 
 
 def run(strategy, rate, ttft, lo, hi, kind="veth", n=1024):
+    """A run whose TTFT overhead and time after the forward pass are the same figures."""
     return {"run_dir": f"out/{'links' if rate else 'same_machine'}/{strategy}-{rate}", "strategy": strategy,
             "workload.prompt_len": n, "model": "tiny-llama", "device": "cpu",
             "link.kind": kind, "link.rate_gbit": rate, "link_ceiling_gbps": None if rate is None else rate / 8 * 0.96,
             "ttft_overhead_ms_p50": ttft, "ttft_overhead_ms_p50_lo": lo, "ttft_overhead_ms_p50_hi": hi,
+            "after_forward_ms_p50": ttft, "after_forward_ms_p50_lo": lo, "after_forward_ms_p50_hi": hi,
             "prefill_ttft_overhead_ms_p50": 1.0, "transfer_ms_p50": 2.0, "kv_ms_p50": 3.0, "bytes_p50": 4e6,
             "match_rate": 1.0, "requests": 8, "status": "ok"}
 
@@ -29,8 +31,12 @@ def test_cells_are_ordered_fastest_link_first_and_each_names_its_winner():
                                                     ("0.1 Gbit/s", "fused")]
     assert math.isinf(t.iloc[0]["link_rate"]) and t.iloc[2]["link_ceiling_gbit"] == 0.96
     assert winners(t) == [
-        "tiny-llama cpu 1024 tokens, same machine: fused +10.0 ms, within the noise of layerwise +11.0 ms",
-        "tiny-llama cpu 1024 tokens, 1 Gbit/s: layerwise +20.0 ms, ahead of fused +40.0 ms",
-        "tiny-llama cpu 1024 tokens, 0.1 Gbit/s: fused +400.0 ms"]
+        "tiny-llama cpu 1024 tokens, same machine: fused 10.0 ms, within the noise of layerwise 11.0 ms",
+        "tiny-llama cpu 1024 tokens, 1 Gbit/s: layerwise 20.0 ms, ahead of fused 40.0 ms",
+        "tiny-llama cpu 1024 tokens, 0.1 Gbit/s: fused 400.0 ms"]
+    # ranked by the time after the forward pass, whatever the TTFT overhead says
+    flipped = link_table(runs.assign(ttft_overhead_ms_p50=runs["ttft_overhead_ms_p50"][::-1].to_numpy()))
+    assert winners(flipped) == winners(t)
     md = to_markdown(t)
-    assert md.count("\n") == 6 and "| 1024 | 1 Gbit/s | 0.96 | layerwise | +20.0 [18.0, 22.0] | 1.0 |" in md
+    assert md.count("\n") == 6
+    assert "| 1024 | 1 Gbit/s | 0.96 | layerwise | +20.0 [18.0, 22.0] | 20.0 [18.0, 22.0] | 1.0 |" in md
