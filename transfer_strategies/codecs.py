@@ -182,11 +182,12 @@ class Codec:
             return out
         x = blocks.float().view(self._grouped(n_layers, n_blocks))
         amax = x.abs().amax(dim=self._reduced(), keepdim=True)
-        # Products, not divisions: a value times its group's float32 reciprocal (a division per
-        # value was most of the send's time in codec_kernel.py), and the scale as amax times the
-        # reciprocal of qmax; float32 products are the same on every device, so the kernel and this
-        # path give the same bytes. The scale is at least float32's smallest normal (for a group of
-        # zeros too), so that its reciprocal is finite.
+        # Products, not divisions: a value times its group's float32 reciprocal (one IEEE division
+        # a group, not one a value: no faster on the H200, whose kernels are not bound by it, but
+        # one rounding rule fewer to match), and the scale as amax times the reciprocal of qmax;
+        # float32 products are the same on every device, so codec_kernel.py and this path give the
+        # same bytes. The scale is at least float32's smallest normal (for a group of zeros too),
+        # so that its reciprocal is finite.
         scale = (amax * (1.0 / self.format.qmax)).clamp_(min=SCALE_MIN)
         q = x * scale.reciprocal()
         nv = self.value_bytes(n_layers, n_blocks)
