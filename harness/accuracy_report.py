@@ -27,7 +27,7 @@ def accuracy_table(runs: pd.DataFrame) -> pd.DataFrame:
     df = runs.copy()
     df["prompt_len"] = df.get("workload.prompt_len")
     # a run of several lengths (a benchmark's prompts file, workload=jsonl) has none to compare at
-    df = df[pd.to_numeric(df["prompt_len"], errors="coerce").notna()] if "prompt_len" in df else df.iloc[:0]
+    df = df[pd.to_numeric(df["prompt_len"], errors="coerce").notna()]
     for col in COLUMNS:
         if col not in df:
             df[col] = None

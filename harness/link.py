@@ -75,11 +75,6 @@ class VethLink:
         self.netns = {"prefill": f"kvlp{tag}", "decode": f"kvld{tag}"}
         self.made: list[str] = []
 
-    def overrides(self) -> dict:
-        """The run's settings that put its engines on either side of the link."""
-        return {"run.netns.prefill": self.netns["prefill"], "run.netns.decode": self.netns["decode"],
-                "transport.address": f"{PREFILL_IP}:{PORT}", "transport.ifname": IFNAME}
-
     def __enter__(self) -> VethLink:
         if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
             raise LinkError("link=veth makes network namespaces and shapes them: it needs root and iproute2 (ip, tc)")
@@ -145,9 +140,5 @@ def apply(cfg, link: VethLink) -> None:
     from omegaconf import open_dict
 
     with open_dict(cfg):
-        for key, value in link.overrides().items():
-            section, *rest = key.split(".")
-            node = cfg[section]
-            for k in rest[:-1]:
-                node = node[k]
-            node[rest[-1]] = value
+        cfg.run.netns = dict(link.netns)
+        cfg.transport.address, cfg.transport.ifname = f"{PREFILL_IP}:{PORT}", IFNAME

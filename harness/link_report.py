@@ -7,7 +7,7 @@ the winner of each prompt length and link by the time after the forward pass (RA
 median, and whether its interval clears the next one's); and the figure of both against link
 speed. scripts/link_report.py draws them.
 
-A link's label is its set rate ("1 Gbit/s"), "veth" for an unshaped one and "same machine" for
+A link's label is its set rate ("1 Gbit/s"), "veth, unshaped" for an unshaped one and "same machine" for
 a run without a link (transport=staged, shared memory); rows are ordered fastest link first.
 Only runs beside a link run are read: under the same directory two levels up as one (a sweep
 across links and a sweep on the same machine side by side, as scripts/link_report.py shows), so
@@ -40,7 +40,7 @@ def _link(row) -> tuple[str, float]:
         return "same machine", math.inf
     rate = row.get("link.rate_gbit")
     if rate is None or rate != rate:
-        return kind, math.inf if kind != "veth" else 1e6  # unshaped: slower than shared memory
+        return f"{kind}, unshaped", 1e6  # slower than shared memory, faster than any shaped link
     return f"{rate:g} Gbit/s", float(rate)
 
 

@@ -190,13 +190,8 @@ def _find_figures(root: Path) -> list[Path]:
             and (p.parent / f"rows{p.name.removeprefix('figure').removesuffix('.png')}.csv").exists()]
 
 
-def _jsonl_lines(p: Path) -> list[str]:
-    data = p.read_bytes()
-    return (gzip.decompress(data) if p.name.endswith(".gz") else data).decode().splitlines()
-
-
 def _with_digests(p: Path) -> bool:
-    return any(json.loads(line).get("digests") for line in _jsonl_lines(p) if line.strip())
+    return any(json.loads(line).get("digests") for line in _log_text(p).splitlines() if line.strip())
 
 
 def digests_fingerprint(digests) -> str:
@@ -205,13 +200,12 @@ def digests_fingerprint(digests) -> str:
 
 def _fingerprint_digests(p: Path) -> None:
     out = []
-    for line in _jsonl_lines(p):
+    for line in _log_text(p).splitlines():
         r = json.loads(line) if line.strip() else None
         if r and r.get("digests"):
             r["digests_sha256"], r["digests"] = digests_fingerprint(r["digests"]), None
         out.append(line if r is None else json.dumps(r))
-    data = ("\n".join(out) + "\n").encode()
-    p.write_bytes(gzip.compress(data, 9, mtime=0) if p.name.endswith(".gz") else data)
+    _write_log(p, "\n".join(out) + "\n")
 
 
 def _find_hydra(root: Path) -> list[Path]:
