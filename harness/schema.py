@@ -125,6 +125,9 @@ class RequestRow:
     codec_mean_abs: float | None = None  # mean over layers of the mean |error|
     codec_max_rel: float | None = None  # largest over layers of (largest |error| / largest |value|)
     codec_mean_rel: float | None = None  # mean over layers of (mean |error| / mean |value|)
+    # a streaming strategy's (layerwise; from version 13): the prefill's host time in its per-layer
+    # hooks for this request, summed over layers (the send record's)
+    hook_ms: float | None = None
     # workload=corpus (from version 12): the share of output tokens equal to the text's continuation,
     # of this output and of the baseline's (harness/accuracy.py task_score)
     task_score: float | None = None
@@ -205,7 +208,7 @@ class ServeRow:
 # Request fields that summary.json reports as <field>_p50, <field>_p90 and the p50's interval
 SUMMARY_METRICS = ["base_ttft_ms", "base_e2e_ms", "ttft_ms", "prefill_ttft_ms", "e2e_ms", "ttft_overhead_ms",
                    "prefill_ttft_overhead_ms", "transfer_ms", "kv_ms", "after_forward_ms", "gpu_ms", "notify_ms",
-                   "send_ms", "load_ms", "bytes", "messages", "gbps", "codec_encode_ms", "codec_decode_ms"]
+                   "send_ms", "load_ms", "bytes", "messages", "gbps", "codec_encode_ms", "codec_decode_ms", "hook_ms"]
 # The TTFT overhead's parts along the KV's critical path, each with the timeline event that ends it
 # (harness/transfers.py ttft_overhead_parts); rows hold them as overhead_<part>_ms, and summary.json
 # gives their means (which add up to the mean overhead)

@@ -9,7 +9,10 @@ at bandwidth B a transfer takes copies + bytes / B, so the codec pays where
     python scripts/bench_codecs.py --device cuda --preset llama3_8b --tokens 2048 8192 16384
 
 Times are medians over --repeats (with the 25th and 75th percentiles): CUDA events on a GPU, the
-host's clock on CPU.
+host's clock on CPU. The checks' columns: what the harness's checks cost each side (check.digests):
+the sender's (fused: its blocks' digests; a codec: codec_checks.SendCheck, compression's checksum,
+reconstruction's digests and error) and a lossy receiver's payload checksum, launched and waited
+for (the digests of the blocks it writes cost what fused's sender's do).
 """
 
 from __future__ import annotations
@@ -23,8 +26,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from transfer_strategies.codec_checks import PayloadCheck, SendCheck  # noqa: E402
 from transfer_strategies.codecs import Codec, CodecParams  # noqa: E402
+from transfer_strategies.digests import BlockDigests  # noqa: E402
+from transfer_strategies.faults import checksum_hex, payload_sum  # noqa: E402
 from transfer_strategies.kv_blocks import KVBlocks  # noqa: E402
+from transfer_strategies.records import TransferRecord  # noqa: E402
 
 PRESETS = {  # layers, KV heads, head size, block size, dtype
     "tiny_llama": (4, 2, 64, 32, torch.float32),
@@ -91,6 +98,34 @@ def check_against_torch(device: str) -> list[str]:
                 kv.gather(dst[1:], got, range(3))
                 if not torch.equal(got.view(torch.uint8), rebuilt.contiguous().view(torch.uint8)):
                     problems.append(f"{where}: the blocks written differ from torch's reconstruction")
+                problems += [f"{where}: {p}" for p in check_the_check(codec, kv, ids, theirs)]
+    return problems
+
+
+def check_the_check(codec: Codec, kv: KVBlocks, ids: list[int], payload: torch.Tensor) -> list[str]:
+    """The sender's check as one kernel (codec_checks.SendCheck) against its torch path, and the
+    payload checksum's kernel against torch's on the host: the same checksum and digests, the
+    same largest errors, the means within float32's rounding."""
+    digests = BlockDigests(kv, kernel=False)
+    record, reference = TransferRecord.__new__(TransferRecord), TransferRecord.__new__(TransferRecord)
+    SendCheck(codec, digests, ids).fill(record)
+    kernel, codec.kernel = codec.kernel, None
+    try:
+        SendCheck(codec, digests, ids).fill(reference)
+    finally:
+        codec.kernel = kernel
+    problems = []
+    if record.payload_digest != reference.payload_digest:
+        problems.append("the check's payload checksum differs from torch's")
+    if record.digests != reference.digests:
+        problems.append("the check's digests of the reconstruction differ from torch's")
+    for key, theirs in reference.codec_error.items():
+        mine = record.codec_error[key]
+        tol = 0 if key.startswith("max") else 1e-5
+        if any(abs(a - b) > tol * abs(b) for a, b in zip(mine, theirs)):
+            problems.append(f"the check's {key} {mine} differs from torch's {theirs}")
+    if checksum_hex(int(payload_sum(payload))) != checksum_hex(int(payload_sum(payload.cpu()))):
+        problems.append("the payload checksum's kernel differs from torch's")
     return problems
 
 
@@ -110,8 +145,10 @@ def bench(device: str, preset: str, tokens: int, repeats: int) -> list[dict]:
     fused_bytes = buf.numel() * buf.element_size()
     copies = {"send": timed(device, gather, repeats),
               "receive": timed(device, lambda: kv.scatter(dst, buf, range(layers)), repeats)}
+    digests = BlockDigests(kv)  # the sender's check of a lossless transfer: its blocks' digests
     rows.append({"strategy": "fused", "kernel": None, "tokens": tokens, "bytes": fused_bytes, "send": copies["send"],
-                 "receive": copies["receive"]})
+                 "receive": copies["receive"], "check": timed(device, lambda: digests.launch(src).result(), repeats),
+                 "checksum": None})
     for name, (fmt, params) in CODECS.items():
         codec = Codec(fmt, params).attach(kv, block, head_size)
         payload = torch.empty(codec.nbytes(layers, n), dtype=torch.uint8, device=device)
@@ -119,7 +156,12 @@ def bench(device: str, preset: str, tokens: int, repeats: int) -> list[dict]:
         rows.append({"strategy": name, "kernel": codec.kernel is not None, "tokens": tokens, "bytes": payload.numel(),
                      "send": timed(device, send, repeats),
                      "receive": timed(device, lambda codec=codec, payload=payload: codec.decode_into(payload, dst),
-                                      repeats)})
+                                      repeats),
+                     # the lossy checks (codec_checks.py), launched and waited for
+                     "check": timed(device, lambda codec=codec: SendCheck(codec, digests, src).fill(
+                         TransferRecord.__new__(TransferRecord)), repeats),
+                     "checksum": timed(device, lambda payload=payload: PayloadCheck(payload).fill(
+                         TransferRecord.__new__(TransferRecord)), repeats)})
     fused_ms = statistics.median(rows[0]["send"]) + statistics.median(rows[0]["receive"])
     for r in rows:
         extra_ms = statistics.median(r["send"]) + statistics.median(r["receive"]) - fused_ms
@@ -150,15 +192,17 @@ def main() -> int:
     print(f"device {args.device} ({torch.cuda.get_device_name(0) if args.device == 'cuda' else 'CPU'}), "
           f"{preset}'s KV, {args.repeats} repeats; ms as median [25th, 75th percentile]")
     print("| strategy | kernel | tokens | MiB moved | send: gather (+ compress) ms | "
-          "receive: (reconstruct +) scatter ms | pays below (GB/s, computed) |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+          "receive: (reconstruct +) scatter ms | pays below (GB/s, computed) | sender's check ms | "
+          "receiver's payload checksum ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for tokens in args.tokens:
         for r in bench(args.device, preset, tokens, args.repeats):
             pays = r["pays_below_gbps"]
             pays = "-" if pays is None else ("always" if pays == float("inf") else f"{pays:.3g}")
             kernel = "-" if r["kernel"] is None else r["kernel"]
             print(f"| {r['strategy']} | {kernel} | {r['tokens']} | {r['bytes'] / 2**20:.2f} | {quartiles(r['send'])} | "
-                  f"{quartiles(r['receive'])} | {pays} |", flush=True)
+                  f"{quartiles(r['receive'])} | {pays} | {quartiles(r['check'])} | "
+                  f"{'-' if r['checksum'] is None else quartiles(r['checksum'])} |", flush=True)
     return 0
 
 

@@ -226,10 +226,11 @@ def test_a_lossy_run_is_judged_by_its_transport_and_its_accuracy_gate_not_its_ou
 
 
 @pytest.mark.parametrize("fmt,per_token", [("fp8", False), ("int8", False), ("int8", True), ("int4", True)])
-@pytest.mark.parametrize("kernel", ["_encode", "_decode"])
+@pytest.mark.parametrize("kernel", ["_encode", "_decode", "_check"])
 def test_the_cuda_kernels_compile_for_hopper(kernel, fmt, per_token):
     """codec_kernel.py's kernels compiled for sm_90 with the Llama-3-8B shape's constants, no GPU
-    needed (scripts/bench_codecs.py --check compares them with torch on one)."""
+    needed (scripts/bench_codecs.py --check compares them with torch on one, the sender's check
+    with its torch path too)."""
     triton = pytest.importorskip("triton")
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -238,12 +239,14 @@ def test_the_cuda_kernels_compile_for_hopper(kernel, fmt, per_token):
     from transfer_strategies.codecs import FORMATS
 
     fn = getattr(codec_kernel, kernel)
-    pointers = {"cache": "*bf16", "piece_offsets": "*i64", "ids": "*i64", "values": "*u8", "scales": "*fp32"}
+    pointers = {"cache": "*bf16", "piece_offsets": "*i64", "ids": "*i64", "values": "*u8", "scales": "*fp32",
+                "digests": "*i64", "payload_sums": "*i64", "error_max": "*fp32", "error_sum": "*fp64"}
     constexprs = {"T": 16, "S": 128, "BLOCK_T": 16, "C": 32 if fmt == "int4" else 128,
-                  "FMT": codec_kernel.FORMAT_IDS[fmt], "PER_TOKEN": per_token, "QMAX": FORMATS[fmt].qmax}
+                  "FMT": codec_kernel.FORMAT_IDS[fmt], "PER_TOKEN": per_token, "QMAX": FORMATS[fmt].qmax,
+                  "ELEMENT_BYTES": 2}
     constexprs = {n: v for n, v in constexprs.items() if n in fn.arg_names}
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in fn.arg_names}
     source = ASTSource(fn=fn, signature=signature,
                        constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()})
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
-    assert "st.global" in compiled.asm["ptx"]
+    assert ("atom.global" if kernel == "_check" else "st.global") in compiled.asm["ptx"]

@@ -107,6 +107,15 @@ for block_dim in (0, 1):
             assert kv.head_dim is not None
             for ids in ([3, 4, 5, 8, 0], [7]):
                 assert BlockDigests(kv, kernel=True)(ids) == BlockDigests(kv, kernel=False)(ids), (shape, dtype, ids)
+# the payload checksum's kernel (faults.payload_sum on CUDA) against torch's, tail bytes and all
+from transfer_strategies.digest_kernel import weighted_word_sum
+from transfer_strategies.faults import checksum_hex, payload_sum
+for n in (0, 3, 4, 1001, 70001):
+    data = torch.randint(0, 256, (n,), dtype=torch.uint8)
+    total = torch.zeros((), dtype=torch.int64)
+    weighted_word_sum(data[: n // 4 * 4].view(torch.int32), total)
+    total += data[n // 4 * 4:].to(torch.int64).sum()
+    assert checksum_hex(int(total)) == checksum_hex(int(payload_sum(data))), n
 print("same digests")
 """
 
@@ -127,7 +136,8 @@ def test_the_cuda_kernel_gives_the_torch_digests():
     assert done.returncode == 0 and "same digests" in done.stdout, done.stderr[-2000:]
 
 
-def test_the_cuda_kernel_compiles_for_hopper():
+@pytest.mark.parametrize("kernel", ["_weighted_block_sums", "_weighted_word_sum"])
+def test_the_cuda_kernels_compile_for_hopper(kernel):
     """Triton's interpreter (above) accepts what its CUDA compiler refuses (a plain module global in
     the kernel failed an H200 run's engines at start-up): compiled here for sm_90, no GPU needed."""
     triton = pytest.importorskip("triton")
@@ -136,9 +146,10 @@ def test_the_cuda_kernel_compiles_for_hopper():
 
     from transfer_strategies import digest_kernel
 
-    fn = digest_kernel._weighted_block_sums
-    pointers = {"base": "*i32", "piece_offsets": "*i64", "ids": "*i64", "out": "*i64"}
+    fn = getattr(digest_kernel, kernel)
+    pointers = {"base": "*i32", "words": "*i32", "piece_offsets": "*i64", "ids": "*i64", "out": "*i64"}
     constexprs = {"ROW_WORDS": 64, "CHUNK": 1024, "PIECES": digest_kernel.PIECES}  # Llama-3-8B's bf16 head rows
+    constexprs = {n: v for n, v in constexprs.items() if n in fn.arg_names}
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in fn.arg_names}
     source = ASTSource(fn=fn, signature=signature,
                        constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()})

@@ -31,12 +31,16 @@ class Pending:
         self.ms = 0.25
         return {"all": ["00ff"]}
 
+    def fill(self, record):
+        record.digests = self.result()
+        record.digest_ms = self.ms
+
 
 def test_a_record_is_written_once_its_digests_are_in_and_flush_waits_for_it(tmp_path):
     path = tmp_path / "r.jsonl"
     records, writer, reader = RecordQueue(), TransferRecordWriter(path), TransferRecordReader(path)
     slow = Pending()
-    records.put(writer, a_record("slow"), slow)  # returns at once: the step goes on
+    records.put(writer, a_record("slow"), [slow])  # returns at once: the step goes on
     records.put(writer, a_record("plain"))  # nothing pending: written now
     assert [r.transfer_id for r in reader.read_new()] == ["plain"]
     slow.done.set()
@@ -50,7 +54,7 @@ def test_digests_that_fail_leave_a_record_that_says_so(tmp_path):
     records = RecordQueue()
     broken = Pending(fail=True)
     broken.done.set()
-    records.put(TransferRecordWriter(path), a_record(), broken)
+    records.put(TransferRecordWriter(path), a_record(), [broken])
     records.flush()
     (written,) = TransferRecordReader(path).read_new()
     assert written.digests is None and "device lost" in written.error

@@ -12,7 +12,7 @@ Writing a strategy: subclass `TransferConnector` and write
                    `collect` the messages and `scatter` them into this engine's blocks
 
 and optionally `prepare_send(req)`, which runs before that forward pass (plan the copy there,
-with `gather_plan`, to keep it off the clock). `req` is a `TransferRequest`: `block_ids` (this
+with `gather_plan`, to keep it off the clock and out of the forward pass). `req` is a `TransferRequest`: `block_ids` (this
 engine's blocks holding the prompt's KV, in order) and `transfer_id`. The API, one way to do
 each thing:
 
@@ -233,8 +233,15 @@ class TransferConnector(KVConnectorBase_V1):
         return Placement(get_tensor_model_parallel_rank(), p, d, model.get_total_num_kv_heads(), self.is_producer)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        """Before every step's forward pass (start_load_kv may come after it: vLLM 0.32 starts
+        a step without synchronous loads after launching its forward pass)."""
         super().bind_connector_metadata(connector_metadata)
-        if not self.is_producer and isinstance(connector_metadata, TransferMetadata):
+        if not isinstance(connector_metadata, TransferMetadata):
+            return
+        if self.is_producer:
+            for req in connector_metadata.sends:
+                self.prepare_send(req)
+        else:
             self.worker.take_step(connector_metadata)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
@@ -250,10 +257,7 @@ class TransferConnector(KVConnectorBase_V1):
         return set() if self.worker is None or self.is_producer else self.worker.load_errors()
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
-        step = self.this_step()
-        for req in step.sends:
-            self.prepare_send(req)
-        for req in step.loads:
+        for req in self.this_step().loads:
             self._load(req)
 
     def _load(self, req: TransferRequest) -> None:
@@ -276,8 +280,6 @@ class TransferConnector(KVConnectorBase_V1):
             return
         for req in self.this_step().sends:
             if req.progress.clock is None:  # not already sending from inside the forward pass
-                if req.prepared is None:  # no start_load_kv ran before this step's forward pass
-                    self.prepare_send(req)
                 self.begin_send(req)
                 self.send(req)
             self.end_send(req)

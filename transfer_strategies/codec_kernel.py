@@ -25,6 +25,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from transfer_strategies.digest_kernel import A32
+
 FORMAT_IDS = {"fp8": 0, "int8": 1, "int4": 2}
 
 
@@ -112,6 +114,99 @@ def _decode(cache, piece_offsets, ids, values, scales, n_blocks, first, block_el
     tl.store(cache + dst + within, x.to(cache.dtype.element_ty), mask=mask)  # round to nearest even
 
 
+@triton.jit
+def _word_weights(i):
+    # digests._weights_for's odd weights, (i * 2654435761 + c) mod 2^31 | 1, in int32: the low 31
+    # bits of a product do not depend on what wraps above them
+    return ((i * A32 + 40503) & 2147483647) | 1
+
+
+@triton.jit
+def _bytes_to_words(b, ROWS: tl.constexpr, N: tl.constexpr):
+    # [ROWS, 4 N] bytes (int32, 0-255) as [ROWS, N] little-endian int32 words, as torch's view reads them
+    a, c = tl.split(tl.reshape(b, (ROWS, N, 2, 2)))  # bytes 4w + 2x and 4w + 2x + 1
+    lo, hi = tl.split(a | (c << 8))
+    return lo | (hi << 16)
+
+
+@triton.jit
+def _check(cache, piece_offsets, ids, digests, payload_sums, error_max, error_sum, n_blocks, block_elems,
+           stride_t, stride_h, scales_per_block, scale_t, scale_h, value_words, n_heads, pieces_per_layer,
+           T: tl.constexpr, S: tl.constexpr, BLOCK_T: tl.constexpr, C: tl.constexpr, QMAX: tl.constexpr,
+           FMT: tl.constexpr, PER_TOKEN: tl.constexpr, ELEMENT_BYTES: tl.constexpr):
+    # A lossy sender's check of what it sent, in one pass over its blocks: _encode's arithmetic, but
+    # instead of storing the payload, its checksum (faults.payload_checksum: words weighted by
+    # their place in the payload, values then scales); the value each reconstructs (_decode's
+    # arithmetic) digested as the receiver digests its blocks (digest_kernel.py: words weighted by
+    # their place in the head's share of the block and by the piece); and its error against the
+    # original, per layer: largest error and magnitude (error_max[layer, 0|1]), their sums (error_sum).
+    j = tl.program_id(0)
+    k = tl.program_id(1)
+    h = tl.program_id(2)
+    G: tl.constexpr = S // C
+    t = tl.arange(0, BLOCK_T)
+    c = tl.arange(0, S)
+    within = t[:, None] * stride_t + h * stride_h + c[None, :]
+    mask = (t < T)[:, None]
+    src = tl.load(ids + j).to(tl.int64) * block_elems + tl.load(piece_offsets + k)
+    x = tl.load(cache + src + within, mask=mask, other=0.0).to(tl.float32)
+    x3 = tl.reshape(x, (BLOCK_T, G, C))
+    g = tl.arange(0, G)
+    row = (k * n_blocks + j).to(tl.int64) * block_elems + t * stride_t + h * stride_h  # [BLOCK_T] payload elements
+    if PER_TOKEN:
+        amax = tl.max(tl.abs(x3), axis=2)
+        q, scale = _quantize(x3, amax[:, :, None], QMAX, FMT)
+        s_at = (k * n_blocks + j).to(tl.int64) * scales_per_block + t[:, None] * scale_t + h * scale_h + g[None, :]
+        s_words = tl.where((t < T)[:, None], scale.reshape(BLOCK_T, G).to(tl.int32, bitcast=True), 0)
+        s_sum = tl.sum(tl.sum(s_words.to(tl.int64) * _word_weights((value_words + s_at).to(tl.int32)).to(tl.int64),
+                              axis=1), axis=0)
+    else:
+        amax = tl.max(tl.max(tl.abs(x3), axis=2), axis=0)
+        q, scale = _quantize(x3, amax[None, :, None], QMAX, FMT)
+        s_at = (k * n_blocks + j).to(tl.int64) * scales_per_block + h * scale_h + g
+        s_words = tl.reshape(scale, (G,)).to(tl.int32, bitcast=True)
+        s_sum = tl.sum(s_words.to(tl.int64) * _word_weights((value_words + s_at).to(tl.int32)).to(tl.int64), axis=0)
+    if FMT == 0:
+        q = q.to(tl.float8e4nv, fp_downcast_rounding="rtne")  # what the payload holds
+        b = q.to(tl.uint8, bitcast=True).to(tl.int32)
+        q = q.to(tl.float32)
+    elif FMT == 1:
+        b = q.to(tl.int8).to(tl.uint8, bitcast=True).to(tl.int32)
+    else:
+        lo, hi = tl.split(tl.reshape((q + 8).to(tl.uint8), (BLOCK_T, S // 2, 2)))
+        b = (lo | (hi << 4)).to(tl.int32)
+    q = tl.reshape(q, (BLOCK_T, G, C))
+    if FMT == 2:  # two values a byte: a row of S values is S / 8 words
+        words = _bytes_to_words(b, BLOCK_T, S // 8)
+        w_at = row[:, None] // 8 + tl.arange(0, S // 8)[None, :]
+    else:
+        words = _bytes_to_words(b, BLOCK_T, S // 4)
+        w_at = row[:, None] // 4 + tl.arange(0, S // 4)[None, :]
+    words = tl.where((t < T)[:, None], words, 0)
+    p_sum = tl.sum(tl.sum(words.to(tl.int64) * _word_weights(w_at.to(tl.int32)).to(tl.int64), axis=1), axis=0)
+    tl.atomic_add(payload_sums + j, p_sum + s_sum)
+    # the reconstruction, as _decode writes it into the receiver's blocks
+    r = tl.reshape(q * scale, (BLOCK_T, S)).to(cache.dtype.element_ty)
+    if ELEMENT_BYTES == 2:
+        half = r.to(tl.int16, bitcast=True).to(tl.int32) & 65535
+        lo16, hi16 = tl.split(tl.reshape(half, (BLOCK_T, S // 2, 2)))
+        d_words = lo16 | (hi16 << 16)
+        d_at = t[:, None] * (S // 2) + tl.arange(0, S // 2)[None, :]
+    else:
+        d_words = r.to(tl.int32, bitcast=True)
+        d_at = t[:, None] * S + c[None, :]
+    d_words = tl.where((t < T)[:, None], d_words, 0)
+    d_w = ((d_at * A32 + (k + 1) * 40503) & 2147483647) | 1
+    tl.atomic_add(digests + j * n_heads + h, tl.sum(tl.sum(d_words.to(tl.int64) * d_w.to(tl.int64), axis=1), axis=0))
+    err = tl.abs(r.to(tl.float32) - x)  # padded rows: both 0
+    mag = tl.abs(x)
+    layer = k // pieces_per_layer
+    tl.atomic_max(error_max + layer * 2, tl.max(tl.max(err, axis=1), axis=0))
+    tl.atomic_max(error_max + layer * 2 + 1, tl.max(tl.max(mag, axis=1), axis=0))
+    tl.atomic_add(error_sum + layer * 2, tl.sum(tl.sum(err, axis=1), axis=0).to(tl.float64))
+    tl.atomic_add(error_sum + layer * 2 + 1, tl.sum(tl.sum(mag, axis=1), axis=0).to(tl.float64))
+
+
 class CodecKernel:
     """The two kernels bound to one engine's KV layout (codecs.Codec.attach makes it where it can:
     CUDA, contiguous pieces of [tokens, heads, head size] or [heads, tokens, head size], a head
@@ -161,6 +256,30 @@ class CodecKernel:
         if n:
             _encode[(n, len(self.pieces), self.H)](self.base, self.offsets, ids, values, scales, *self._args(n),
                                                    QMAX=self.codec.format.qmax, **self._consts(), num_warps=4)
+
+    def check(self, ids: torch.Tensor) -> dict[str, torch.Tensor] | None:
+        """A lossy sender's check of blocks `ids` (int64, on the device), queued on its stream:
+        the payload's checksum as a sum per block (`payload_sums`, int64: faults.payload_checksum's
+        modulo 2^64 once summed), the reconstruction's digest sums [blocks, heads] (`digests`:
+        digests.BlockDigests'), and per layer the largest error and magnitude (`error_max`,
+        [layers, 2]) and their sums (`error_sum`, float64). None where the kernel cannot: KV of
+        1-byte values, or a head of fewer than 8 values (its 4-bit row is not a whole word)."""
+        if self.S < 8 or self.base.element_size() not in (2, 4):
+            return None
+        n, dev = ids.numel(), ids.device
+        n_layers = self.kv.n_layers
+        out = {"payload_sums": torch.zeros(n, dtype=torch.int64, device=dev),
+               "digests": torch.zeros(n, self.H, dtype=torch.int64, device=dev),
+               "error_max": torch.zeros(n_layers, 2, dtype=torch.float32, device=dev),
+               "error_sum": torch.zeros(n_layers, 2, dtype=torch.float64, device=dev)}
+        if n:
+            value_words = self.codec.value_bytes(n_layers, n) // 4
+            _check[(n, len(self.pieces), self.H)](self.base, self.offsets, ids, out["digests"], out["payload_sums"],
+                                                  out["error_max"], out["error_sum"], *self._args(n), value_words,
+                                                  self.H, len(self.pieces) // n_layers, QMAX=self.codec.format.qmax,
+                                                  ELEMENT_BYTES=self.base.element_size(), **self._consts(),
+                                                  num_warps=4)
+        return out
 
     def decode(self, values: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor, n_blocks: int, first: int) -> None:
         """Blocks [first, n_blocks) of a payload into this engine's blocks ids[first:]."""

@@ -141,7 +141,7 @@ class Codec:
         buffer, then `encode`. What can be prepared is prepared now (before the forward pass)."""
         kv, n_layers, n = self.kv, self.kv.n_layers, len(block_ids)
         if self.kernel is not None:
-            ids = _device_ids(block_ids, kv.device)
+            ids = device_ids(block_ids, kv.device)
             values, scales = self._parts(out, n_layers, n)
             return lambda: (self.kernel.encode(ids, values, scales), out)[1]
         buf = torch.empty(n_layers, *kv.layer_shape(n), dtype=kv.dtype, device=kv.device)
@@ -157,7 +157,7 @@ class Codec:
             return
         if self.kernel is not None:
             values, scales = self._parts(data, n_layers, n)
-            self.kernel.decode(values, scales, _device_ids(block_ids, kv.device), n, first)
+            self.kernel.decode(values, scales, device_ids(block_ids, kv.device), n, first)
             return
         blocks = self.decode(data, n_layers, n)
         kv.scatter(block_ids[first:], blocks.narrow(1 + kv.block_dim, first, n - first), range(n_layers))
@@ -237,7 +237,7 @@ def reconstruction_error(original: torch.Tensor, reconstructed: torch.Tensor) ->
             (("max_abs", max_abs), ("mean_abs", mean_abs), ("max_rel", max_rel), ("mean_rel", mean_rel))}
 
 
-def _device_ids(block_ids: list[int], device: torch.device) -> torch.Tensor:
+def device_ids(block_ids: list[int], device: torch.device) -> torch.Tensor:
     ids = torch.tensor(list(block_ids), dtype=torch.int64)
     # pinned and non_blocking: a plain copy would wait for the stream (the forward pass before it)
     return ids.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else ids

@@ -52,6 +52,23 @@ def _weighted_block_sums(base, piece_offsets, ids, out, n_pieces, block_words, n
     tl.atomic_add(out + b * n_heads + h, tl.sum(acc, axis=0))
 
 
+@triton.jit
+def _weighted_word_sum(words, n_words, out, CHUNK: tl.constexpr):
+    # faults.payload_checksum over flat int32 words: word i times digests._weights_for's weight
+    # of i (piece 0), summed in int64 (modulo 2^64)
+    i = tl.program_id(0).to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(words + i, mask=i < n_words, other=0)
+    w = ((i.to(tl.int32) * A32 + 40503) & 2147483647) | 1  # the low 31 bits: what wraps above does not matter
+    tl.atomic_add(out, tl.sum(x.to(tl.int64) * w.to(tl.int64), axis=0))
+
+
+def weighted_word_sum(words: torch.Tensor, out: torch.Tensor) -> None:
+    """out (a 0-dim int64 tensor) += the weighted sum of flat int32 `words`, on their CUDA device."""
+    n = words.numel()
+    if n:
+        _weighted_word_sum[(triton.cdiv(n, 8192),)](words, n, out, CHUNK=8192, num_warps=8)
+
+
 class DigestKernel:
     """The weighted sums of blocks per head over a fixed list of pieces ([num_blocks, ...] each,
     contiguous, all alike), each addressed from the first as a word offset."""

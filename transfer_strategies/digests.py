@@ -157,3 +157,8 @@ class PendingDigests:
             out[key] = [text[i:i + 16] for i in range(0, len(text), 16)]
         self.ms = device_ms + (time.perf_counter() - t0) * 1e3
         return out
+
+    def fill(self, record) -> None:
+        """Into a transfer record (records.RecordQueue's thread)."""
+        record.digests = self.result()
+        record.digest_ms = self.ms

@@ -67,16 +67,31 @@ def check_message(msg: Message) -> str | None:
     return None
 
 
-def payload_checksum(data: torch.Tensor, chunk: int = 1 << 24) -> str:
-    """64-bit checksum of flat bytes: int32 words times odd position weights, summed in int64
-    (the per-block digests' scheme, digests.py), the odd tail bytes added as they are."""
+def payload_checksum(data: torch.Tensor) -> str:
+    """64-bit checksum of flat bytes, as 16 hex digits (`payload_sum`)."""
+    return checksum_hex(int(payload_sum(data)))
+
+
+def checksum_hex(total: int) -> str:
+    return format(total & (2**64 - 1), "016x")
+
+
+def payload_sum(data: torch.Tensor, chunk: int = 1 << 24) -> torch.Tensor:
+    """The checksum of flat bytes as a 0-dim int64 tensor on their device, queued there: int32
+    words times odd position weights, summed in int64 (the per-block digests' scheme,
+    digests.py), the odd tail bytes added as they are. On CUDA one kernel reads the words once
+    (digest_kernel.py); elsewhere torch, a chunk at a time."""
     data = as_bytes(data)
     n = data.numel() // 4
     total = torch.zeros((), dtype=torch.int64, device=data.device)
     words = data[: 4 * n].view(torch.int32)
-    for start in range(0, n, chunk):
-        w = words[start:start + chunk].to(torch.int64)
-        i = torch.arange(start, start + w.numel(), dtype=torch.int64, device=data.device)
-        total += (w * (((i * 2654435761 + 40503) % (2**31)) | 1)).sum()
+    if data.is_cuda:
+        from transfer_strategies.digest_kernel import weighted_word_sum
+        weighted_word_sum(words, total)
+    else:
+        for start in range(0, n, chunk):
+            w = words[start:start + chunk].to(torch.int64)
+            i = torch.arange(start, start + w.numel(), dtype=torch.int64, device=data.device)
+            total += (w * (((i * 2654435761 + 40503) % (2**31)) | 1)).sum()
     total += data[4 * n:].to(torch.int64).sum()
-    return format(int(total) & (2**64 - 1), "016x")
+    return total

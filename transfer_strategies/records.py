@@ -46,7 +46,11 @@ from pathlib import Path
 #  12: lossy strategies (codecs.py): transfer records gain codec, codec_ms, payload_digest and (send)
 #      codec_error; a lossy sender's digests are of the blocks the receiver should reconstruct;
 #      request rows gain codec, codec_ms and the reconstruction's error (codec_max_rel, ...)
-SCHEMA_VERSION = 12
+#  13: the lossy checks off the engines' steps (codec_checks.py): a lossy sender's payload_digest,
+#      codec_error and digests come from one pass over its blocks (on CUDA), its digest_ms is
+#      that pass's time; send records gain hook_ms (a streaming strategy's host time in the
+#      forward pass's per-layer hooks), request rows and summary.json hook_ms too
+SCHEMA_VERSION = 13
 UNVERSIONED = 1  # what a row without schema_version is
 
 
@@ -112,12 +116,15 @@ class TransferRecord(JsonRecord):
     codec_ms: float | None = None
     payload_digest: str | None = None
     codec_error: dict[str, list[float]] | None = None
+    # send, a strategy streaming from inside the forward pass (layerwise; None elsewhere, from version
+    # 13): the host time its per-layer hooks spent on this request, summed over layers
+    hook_ms: float | None = None
     schema_version: int = SCHEMA_VERSION
 
 
 # How merge_ranks combines the workers' fields: the side's last worker decides when it is done
 # and the first when it started; bytes and messages add up; the rest is the same on every rank.
-_LATEST = ("send_ms", "gpu_ms", "transfer_ms", "notify_ms", "load_ms", "ready_ms", "digest_ms", "codec_ms",
+_LATEST = ("send_ms", "gpu_ms", "transfer_ms", "notify_ms", "load_ms", "ready_ms", "digest_ms", "codec_ms", "hook_ms",
            "t_forward_done",
            "t_sent", "t_arrived", "t_kv_ready", "t_kv_checked", "t_decode_scheduled")
 _EARLIEST = ("t_admitted", "t_load_start")
@@ -272,17 +279,17 @@ class RecordWriters:
 
 
 class RecordQueue:
-    """Writes the transfer records whose digests the device is still computing, from a thread of
-    its own once they are in (`pending.result()`: digests.PendingDigests), so that no engine
-    step waits for them; a record without pending digests is written at once. `flush` returns
-    when everything put has been written."""
+    """Writes the transfer records whose checks the device is still computing, from a thread of
+    its own once they are in (each pending check's `fill(record)`: digests.PendingDigests,
+    codec_checks.SendCheck and PayloadCheck), so that no engine step waits for them; a record
+    with nothing pending is written at once. `flush` returns when everything put has been written."""
 
     def __init__(self):
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
 
-    def put(self, writer: TransferRecordWriter, record: TransferRecord, pending=None) -> None:
-        if pending is None:
+    def put(self, writer: TransferRecordWriter, record: TransferRecord, pending: list | None = None) -> None:
+        if not pending:
             writer.write(record)
             return
         if self._thread is None:
@@ -294,10 +301,10 @@ class RecordQueue:
         while True:
             writer, record, pending = self._queue.get()
             try:
-                record.digests = pending.result()
-                record.digest_ms = pending.ms
+                for check in pending:
+                    check.fill(record)
             except Exception as e:  # noqa: BLE001 - the record says so: its transfer is not judged equal
-                record.error = f"its digests could not be computed: {e!r}"
+                record.error = f"its checks (digests, a payload checksum) could not be computed: {e!r}"
             try:
                 writer.write(record)
             finally:

@@ -70,9 +70,10 @@ class Progress:
     messages: int = 0
     received: list = field(default_factory=list)  # the transport's Messages
     # a lossy strategy's (codecs.py): the codec's time (a DeviceTimer's stop()), and the
-    # receiver's checksum of the payload as it arrived
+    # receiver's checksum of the payload as it arrived (codec_checks.PayloadCheck)
     codec_ms: Any = None
-    payload_digest: str | None = None
+    payload_check: Any = None
+    hook_ms: float = 0.0  # a streaming send's host time in the forward pass's per-layer hooks
 
 
 @dataclass

@@ -20,10 +20,11 @@ import time
 import torch
 
 from transfer_strategies.clock import DeviceTimer, SendClock
-from transfer_strategies.codecs import Codec, reconstruction_error
+from transfer_strategies.codec_checks import PayloadCheck, SendCheck
+from transfer_strategies.codecs import Codec
 from transfer_strategies.connector_config import HarnessSettings, TransportSettings
-from transfer_strategies.digests import BlockDigests, PendingDigests
-from transfer_strategies.faults import WITHHELD, TransferFault, check_message, damage, header, payload_checksum
+from transfer_strategies.digests import BlockDigests
+from transfer_strategies.faults import WITHHELD, TransferFault, check_message, damage, header
 from transfer_strategies.head_shards import open_sharded
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.negative_control import corrupt_received
@@ -57,7 +58,7 @@ class TransferWorker:
         self.codec: Codec | None = None  # a lossy strategy's, bound to this engine's layout (base.py)
         self._scheduled_at: dict[str, float] = {}  # req id -> when its first decode step was scheduled
         # receive records waiting for that stamp, with their digests and file
-        self._unwritten: dict[str, tuple[TransferRecordWriter, TransferRecord, PendingDigests | None]] = {}
+        self._unwritten: dict[str, tuple[TransferRecordWriter, TransferRecord, list]] = {}
 
     def register(self, kv_caches: dict[str, torch.Tensor], num_blocks: int, block_size: int,
                  place: Placement | None = None) -> None:
@@ -156,27 +157,9 @@ class TransferWorker:
         # channel's last event is an earlier transfer's (on the H200 it gave drops -72 ms)
         gpu_ms = req.progress.clock.gpu_ms(self.channel.last_written) if req.progress.bytes else None
         send_ms = req.progress.clock.host_ms()
-        check, reconstructed = self._codec_check(req)
-        self._record(req, "send", reconstructed, send_ms=send_ms, gpu_ms=gpu_ms,
-                     t_admitted=req.progress.t_admitted, t_forward_done=t_forward_done, t_sent=t_sent, **check)
-
-    def _codec_check(self, req: TransferRequest) -> tuple[dict, torch.Tensor | None]:
-        """A lossy send's own check, after its clock stopped: what it should have sent, compressed
-        again from its blocks as the send did (the payload itself now belongs to the receiver), its
-        checksum, and the blocks the receiver should reconstruct, with their error against the
-        original. The receiver's checksum of the payload and digests of the blocks it wrote must
-        equal these: a value or scale changed on the way fails the transfer. Read from the cache
-        in the step that sent them, as the digests are (no forward pass has written them since)."""
-        if self.codec is None or not self.verify:
-            return {}, None
-        kv, n = self.kv, len(req.block_ids)
-        original = kv.gather(req.block_ids, torch.empty(kv.n_layers, *kv.layer_shape(n), dtype=kv.dtype,
-                                                        device=kv.device), range(kv.n_layers))
-        payload = self.codec.encode_plan(req.block_ids, torch.empty(self.codec.nbytes(kv.n_layers, n),
-                                                                    dtype=torch.uint8, device=kv.device))()
-        reconstructed = self.codec.decode(payload, kv.n_layers, n)
-        return {"payload_digest": payload_checksum(payload),
-                "codec_error": reconstruction_error(original, reconstructed)}, reconstructed
+        self._record(req, "send", send_ms=send_ms, gpu_ms=gpu_ms,
+                     hook_ms=req.progress.hook_ms if req.progress.clock.streaming else None,
+                     t_admitted=req.progress.t_admitted, t_forward_done=t_forward_done, t_sent=t_sent)
 
     # ---------------------------------------------------------------- decode worker
     def take_step(self, meta) -> None:
@@ -237,8 +220,8 @@ class TransferWorker:
         """A lossy strategy's payload as it arrived, checksummed, then reconstructed into this
         engine's blocks past its prefix-cache hits; one of another size than the codec's for this
         request (a scale gone missing) is a TransferFault, and nothing is written."""
-        if self.verify:
-            req.progress.payload_digest = payload_checksum(payload)
+        if self.verify:  # queued before the reconstruction; read in the record's thread
+            req.progress.payload_check = PayloadCheck(payload)
         timer = DeviceTimer(self.kv.device)
         try:
             self.codec.decode_into(payload, req.block_ids, req.skip_blocks)
@@ -259,6 +242,7 @@ class TransferWorker:
         """A transfer caught broken: its messages are dropped, its blocks reported to vLLM as
         failed loads (its kv_load_failure_policy fails or recomputes the request), its record
         says why."""
+        self._sync()  # nothing queued still reads its messages (the payload's checksum)
         self.channel.release(req.transfer_id)
         self.parking.fail_blocks(req.written_block_ids)
         self._record(req, "receive", error=reason, t_admitted=req.progress.t_admitted)
@@ -301,19 +285,21 @@ class TransferWorker:
         (records.digests_agree)."""
         return list(req.block_ids if self.is_producer else req.written_block_ids)
 
-    def _record(self, req: TransferRequest, side: str, reconstructed: torch.Tensor | None = None, **times) -> None:
-        """reconstructed: a lossy sender's blocks as the receiver should rebuild them, digested
-        instead of its cache's."""
-        pending = None
+    def _record(self, req: TransferRequest, side: str, **times) -> None:
+        pending = []
         writer = self.writers.get(req.asked.records)
         if self.verify and writer is not None and "error" not in times:
             # queued on the device's stream before any later forward pass can write these blocks;
-            # turned into hex and written by the record queue's thread, off this step
-            pending = self.digests.launch(self.transfer_block_ids(req), reconstructed)
+            # read back and written by the record queue's thread, off this step. A lossy sender
+            # checks what it should have sent instead of digesting its cache (codec_checks.py).
+            if side == "send" and self.codec is not None:
+                pending.append(SendCheck(self.codec, self.digests, req.block_ids))
+            else:
+                pending.append(self.digests.launch(self.transfer_block_ids(req)))
+            if req.progress.payload_check is not None:
+                pending.append(req.progress.payload_check)
         if self.codec is not None:
             times.update(codec=self.codec.name, codec_ms=req.progress.codec_ms() if req.progress.codec_ms else None)
-            if side == "receive":
-                times["payload_digest"] = req.progress.payload_digest
         if "t_kv_ready" in times:  # what checking the KV held up the request (launching its digests)
             times["t_kv_checked"] = time.monotonic()
         if writer is None:
@@ -332,7 +318,7 @@ class TransferWorker:
         else:  # parked: written when vLLM schedules its first decode step
             self._unwritten[req.req_id] = (writer, record, pending)
 
-    def _write_receive(self, writer: TransferRecordWriter, record: TransferRecord, pending: PendingDigests | None,
+    def _write_receive(self, writer: TransferRecordWriter, record: TransferRecord, pending: list,
                        req_id: str) -> None:
         record.t_decode_scheduled = self._scheduled_at.pop(req_id, None)
         self.records.put(writer, record, pending)

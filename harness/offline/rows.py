@@ -73,7 +73,7 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
         prefill_ttft_overhead_ms=prefill_ttft - base["ttft_ms"], ttft_ms=ttft, e2e_ms=(dec["finished_t"] - t0) * 1e3,
         ttft_overhead_ms=ttft - base["ttft_ms"],
         bytes=n_bytes, messages=sent("messages"), blocks=sent("blocks"), kv_cache_bytes=sent("kv_cache_bytes"),
-        skip_blocks=received("skip_blocks"), send_ms=sent("send_ms"), gpu_ms=sent("gpu_ms"),
+        skip_blocks=received("skip_blocks"), send_ms=sent("send_ms"), gpu_ms=sent("gpu_ms"), hook_ms=sent("hook_ms"),
         transfer_ms=transfer_ms, transfer_host_ms=received("transfer_ms"), kv_ms=kv_ms,
         after_forward_ms=after_forward_ms,
         load_ms=received("load_ms"), ready_ms=received("ready_ms"), notify_ms=received("notify_ms"),
