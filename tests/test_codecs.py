@@ -248,5 +248,6 @@ def test_the_cuda_kernels_compile_for_hopper(kernel, fmt, per_token):
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in fn.arg_names}
     source = ASTSource(fn=fn, signature=signature,
                        constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    options = {"num_warps": 4, **({"enable_fp_fusion": False} if kernel == "_check" else {})}
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     assert ("atom.global" if kernel == "_check" else "st.global") in compiled.asm["ptx"]
