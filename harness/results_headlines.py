@@ -18,8 +18,14 @@ class Headline:
 
 
 HEADLINES = [
-    Headline("GPU, fused: TTFT overhead at 8k tokens, one H200, the current code", "+12.1 ms [9.8, 13.7]; "
-             "transfer 0.513 ms", "gpu/2026-12-04-s22/ttft", "README.md", "fused at 8k +12.1 ms\n[9.8, 13.7]"),
+    Headline("GPU, fused: TTFT overhead at 8k tokens, one H200, the current code", "+13.6 ms [9.0, 17.6]; "
+             "transfer 0.511 ms", "gpu/2026-12-04-s23/ttft", "README.md", "fused at 8k +13.6 ms\n[9.0, 17.6]"),
+    Headline("GPU, lossy strategies at 8k tokens (8B shape): TTFT overhead with the harness's checks on, off the steps",
+             "fused_fp8 +14.3 ms [13.4, 17.8], fused_int8 +16.8 [15.5, 21.5] (fused +13.6)",
+             "gpu/2026-12-04-s23/ttft", "README.md", "| fused_fp8 | 0.775 | 6.96 | +14.3 ms [13.4, 17.8] |"),
+    Headline("GPU, lossy strategies' accuracy (llama3_8b_kv, 512 tokens): match rate", "fused 1.0, fused_int8 0.938, "
+             "fused_fp8 0.75, fused_int4 0.625", "gpu/2026-12-04-s23/lossy512/a", "README.md",
+             "| fused_int8 | 0.5 | 6.71e-03 (1.15e-02) | 0.938 (1) |"),
     Headline("GPU, fused: TTFT overhead at 8k tokens, one H200 (a255925)", "+10.6 ms [6.4, 13.2]; "
              "after_forward_ms 11.4 [11.2, 11.8]", "gpu/2026-12-03-s18/ttft-early", "README.md",
              "at 8k +10.6 ms [6.4, 13.2]"),
