@@ -6,8 +6,9 @@ Sends are posted without waiting and completed in `wait_for_save`, after the las
 One message per layer, like `per_request_blocks`, but started L-1 layers earlier. Each layer's
 staging region and copy are planned before the forward pass (`prepare_send`), so that the hook
 inside it only launches a copy and rings a doorbell: planning there cost about 0.3 ms of
-Python per layer and request (py-spy, results/gpu/session13). Its host time per request is in
-the send record (hook_ms, summed over layers). A decode
+Python per layer and request (py-spy, results/gpu/session13); the hook now takes 0.16 ms per
+layer and request on the H200 machine's host (hook_ms, the send record's sum over layers:
+results/gpu/2026-12-04-s23/ttft/layerwise). A decode
 request submitted early (parked in vLLM until its KV is in) is loaded whole by `receive`, as
 every strategy's is: its forward pass only starts once the KV is there.
 """
