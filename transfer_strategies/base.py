@@ -12,9 +12,9 @@ Writing a strategy: subclass `TransferConnector` and write
                    `collect` the messages and `scatter` them into this engine's blocks
 
 and optionally `prepare_send(req)`, which runs before that forward pass (plan the copy there,
-with `gather_plan`, to keep it off the clock and out of the forward pass). `req` is a `TransferRequest`: `block_ids` (this
-engine's blocks holding the prompt's KV, in order) and `transfer_id`. The API, one way to do
-each thing:
+with `gather_plan`, to keep it off the clock and out of the forward pass). `req` is a
+`TransferRequest`: `block_ids` (this engine's blocks holding the prompt's KV, in order) and
+`transfer_id`. The API, one way to do each thing:
 
     self.n_layers                            layers of KV
     self.gather(block_ids, layers=None)      blocks of some layers (default all) copied into a new
