@@ -51,7 +51,12 @@ REPLICATED = [("fused", 1, 4), ("fused", 4, 2)]
 KEPT = {("fused", 1, 2), ("per_request_blocks", 2, 1), ("layerwise", 2, 2)}
 
 
-@pytest.fixture(scope="module", params=cells([(s, p, d) for p, d in DEGREES for s in STRATEGIES] + REPLICATED, KEPT,
+# chunkwise at equal degrees only: its earlier messages do not carry the count a decode worker
+# joining several prefill workers' heads needs (transfer_strategies/chunkwise.py)
+CELLS = [(s, p, d) for p, d in DEGREES for s in STRATEGIES if s != "chunkwise" or p == d]
+
+
+@pytest.fixture(scope="module", params=cells(CELLS + REPLICATED, KEPT,
                                              ids=lambda c: f"{c[0]}-{c[1]}to{c[2]}"))
 def tp_run(request, results_dir, tmp_path_factory):
     strategy, p, d = request.param

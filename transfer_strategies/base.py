@@ -21,7 +21,10 @@ with `gather_plan`, to keep it off the clock and out of the forward pass). `req`
                                              send buffer, [len(layers), *block shape]; it lives in
                                              the receiver's staging memory: posting it copies nothing
     self.gather_plan(block_ids, layers=None) the same as a function to call later
-    self.post(req, payload, index=0, count=1)  send message `index` of `count` (any tensor)
+    self.post(req, payload, index=0, count=1, **meta)
+                                             send message `index` of `count` (any tensor; count 0:
+                                             more follow, how many not known yet); meta: small
+                                             values the receiver reads in the message's meta
     self.collect(req, index=None)            wait for message `index` (default: all, in order)
     self.scatter(req, payload, layers=None, first_block=0)
                                              a payload holding blocks [first_block, first_block + k)
@@ -173,8 +176,8 @@ class TransferConnector(KVConnectorBase_V1):
         if lo < end:
             kv.scatter(req.block_ids[lo:end], src.narrow(1 + kv.block_dim, lo - first_block, end - lo), layers)
 
-    def post(self, req: TransferRequest, payload: torch.Tensor, index: int = 0, count: int = 1) -> None:
-        self.worker.post(req, payload, index, count)
+    def post(self, req: TransferRequest, payload: torch.Tensor, index: int = 0, count: int = 1, **meta) -> None:
+        self.worker.post(req, payload, index, count, **meta)
 
     def collect(self, req: TransferRequest, index: int | None = None) -> list[Message]:
         return self.worker.collect(req, index)
@@ -279,7 +282,7 @@ class TransferConnector(KVConnectorBase_V1):
         if not self.has_connector_metadata():
             return
         for req in self.this_step().sends:
-            if req.progress.clock is None:  # not already sending from inside the forward pass
+            if req.progress.clock is None or not req.progress.clock.streaming:  # not sent from inside the forward pass
                 self.begin_send(req)
                 self.send(req)
             self.end_send(req)

@@ -86,6 +86,8 @@ class TransferRequest:
     block_ids: list[int]  # this engine's blocks holding prompt tokens [0, num_tokens)
     num_tokens: int  # prompt_len - 1: the tokens whose KV moves
     skip_blocks: int = 0  # decode only: leading blocks this engine already has (prefix cache)
+    # prefill only: of those tokens, how many have their KV computed once this step's forward pass ends
+    computed_tokens: int = 0
     prepared: Any = None  # whatever the strategy's prepare_send left for its send (None: it has not run)
     asked: Asked = field(default_factory=Asked)
     progress: Progress = field(default_factory=Progress)
@@ -100,6 +102,9 @@ class TransferRequest:
 @dataclass
 class TransferMetadata(KVConnectorMetadata):
     sends: list[TransferRequest] = field(default_factory=list)
+    # prefill: requests whose prompt this step computes a part of, not its end (chunked prefill):
+    # their blocks so far and computed_tokens; they are in `sends` in the step that ends the prompt
+    chunks: list[TransferRequest] = field(default_factory=list)
     loads: list[TransferRequest] = field(default_factory=list)  # decode: load before this step's forward pass
     parked: list[TransferRequest] = field(default_factory=list)  # decode: load when the KV has arrived
     drains: list[TransferRequest] = field(default_factory=list)  # decode: nothing to load; take the message
@@ -224,7 +229,7 @@ class RequestTracker:
         meta.idle = not getattr(scheduler_output, "total_num_scheduled_tokens", 1)
         self._count_computed(scheduler_output)
         if self.is_producer:
-            meta.sends = self._ready_sends(scheduler_output)
+            meta.sends, meta.chunks = self._ready_sends(scheduler_output)
             return meta
         for req in meta.loads + meta.drains:  # scheduled in this step
             meta.scheduled[req.req_id] = now
@@ -238,7 +243,8 @@ class RequestTracker:
         self._expired.update(meta.expired)
         return meta
 
-    def _ready_sends(self, out) -> list[TransferRequest]:
+    def _ready_sends(self, out) -> tuple[list[TransferRequest], list[TransferRequest]]:
+        """The requests whose prompt this step ends (to send), and those it computes a part of."""
         progress: list[tuple[str, int]] = []  # (req_id, tokens computed before this step)
         for new in out.scheduled_new_reqs:
             if new.req_id in self._sends:
@@ -254,15 +260,19 @@ class RequestTracker:
                 resumed = rid in getattr(cached, "resumed_req_ids", ())  # after preemption: all blocks anew
                 self._sends[rid].block_ids = blocks if resumed else self._sends[rid].block_ids + blocks
             progress.append((rid, cached.num_computed_tokens[i]))
-        ready = []
+        ready, chunks = [], []
         for rid, computed in progress:
             req = self._sends[rid]
+            done = computed + out.num_scheduled_tokens.get(rid, 0)
+            req.computed_tokens = min(done, req.num_tokens)
             # send once the step that computes the prompt's last token has run (chunked prefill)
-            if computed + out.num_scheduled_tokens.get(rid, 0) >= req.num_tokens + 1:
+            if done >= req.num_tokens + 1:
                 del self._sends[rid]
                 req.block_ids = req.block_ids[: blocks_for(req.num_tokens, self.block_size)]
                 ready.append(req)
-        return ready
+            else:
+                chunks.append(req)
+        return ready, chunks
 
     def finished(self, request) -> None:
         self._sends.pop(request.request_id, None)

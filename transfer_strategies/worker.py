@@ -122,12 +122,13 @@ class TransferWorker:
     def begin_send(self, req: TransferRequest, streaming: bool = False) -> None:
         req.progress.clock = SendClock(self.kv.device, streaming)
 
-    def post(self, req: TransferRequest, payload: torch.Tensor, index: int, count: int) -> None:
+    def post(self, req: TransferRequest, payload: torch.Tensor, index: int, count: int, **meta) -> None:
         t0 = req.progress.clock.start()
-        # The last message's doorbell rings from this thread (no hand-over); earlier ones, and
-        # all of a streaming send, from the channel's thread so that launching copies goes on.
-        background = req.progress.clock.streaming or index < count - 1
-        meta = dict(header(payload, self.checksums), t0=t0)
+        # The last message's doorbell rings from this thread (no hand-over); earlier ones (count
+        # 0: more follow, how many not known yet), and all of a streaming send, from the channel's
+        # thread so that launching copies goes on.
+        background = req.progress.clock.streaming or not count or index < count - 1
+        meta = dict(header(payload, self.checksums), t0=t0, **meta)
         req.progress.messages += 1
         if req.asked.fault is not None:
             payload = damage(req.asked.fault, payload, index, count, self.channel.owns(payload))

@@ -48,7 +48,8 @@ class Inbox:
         with self._cond:
             transfer = self._transfers.setdefault(msg.transfer_id, _Transfer())
             parked = transfer.parked[msg.index] = _Parked(msg, region)
-            transfer.count = msg.count
+            if msg.count:  # 0: more messages follow, their number not known yet (chunkwise)
+                transfer.count = msg.count
             self._puts += 1
             if region is not None:
                 self._staged[region] = parked
