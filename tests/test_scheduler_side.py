@@ -39,9 +39,14 @@ def test_prefill_sends_the_blocks_of_all_but_the_last_prompt_token_after_its_ste
 def test_chunked_prefill_sends_after_the_step_that_computes_the_last_token():
     t = RequestTracker(is_producer=True, block_size=BLOCK)
     t.allocated(request("a", prompt_len=12), None)
-    assert t.step_metadata(step(new=[("a", [1, 2], 0)], scheduled={"a": 8})).sends == []
-    (send,) = t.step_metadata(step(cached=[("a", [9], 8)], scheduled={"a": 4})).sends
-    assert send.block_ids == [1, 2, 9]
+    first = t.step_metadata(step(new=[("a", [1, 2], 0)], scheduled={"a": 8}))
+    assert first.sends == []
+    # the step computing part of the prompt lists it as a chunk (chunkwise sends what it completed)
+    (chunk,) = first.chunks
+    assert chunk.block_ids == [1, 2] and chunk.computed_tokens == 8
+    last = t.step_metadata(step(cached=[("a", [9], 8)], scheduled={"a": 4}))
+    (send,) = last.sends
+    assert send.block_ids == [1, 2, 9] and send.computed_tokens == 11 and last.chunks == []
 
 
 def test_a_preempted_prefill_moves_the_blocks_it_resumed_with():
