@@ -11,6 +11,11 @@ the message's meta; the last one carries the number of messages (the earlier one
 chunks a prompt takes is the scheduler's choice, step by step). The receiver scatters each
 message at its first block. Needs one worker per engine or equal tensor-parallel degrees (a
 decode worker joining heads from several prefill workers needs the count up front).
+
+Not handled yet: a prefill request preempted mid-prompt recomputes its blocks, and those already
+sent are not sent again (where the recomputation differs in its bits, as it may on a GPU, the
+digests fail the transfer: not silent); one aborted mid-prompt leaves its earlier chunks with the
+decode worker until the decode request's timeout (the count never comes).
 """
 
 from dataclasses import dataclass, replace
