@@ -338,7 +338,7 @@ def load_connector(strategy: DictConfig) -> type:
     return cls
 
 
-def check_lossy(cfg: DictConfig, connector: type | None) -> None:
+def check_equal_degrees(cfg: DictConfig, connector: type | None) -> None:
     """A lossy strategy's payload (codecs.py) is not cut by KV head, as the channel cuts the KV
     between engines of different tensor-parallel degrees, and chunkwise's earlier messages do not
     carry the count a decode worker joining several prefill workers needs: both need equal degrees."""
@@ -364,7 +364,7 @@ def checked_inputs(cfg: DictConfig) -> tuple[str, Workload]:
         device = resolve_device(cfg)
         connector = load_connector(cfg.strategy)
         check_strategy_params(cfg.strategy, connector)
-        check_lossy(cfg, connector)
+        check_equal_degrees(cfg, connector)
         check_block_size(cfg.engine.block_size, device)
         workload = build_workload(cfg.workload, load_tokenizer(str(cfg.model.path)))
         check_weights(cfg.model)

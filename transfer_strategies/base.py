@@ -282,7 +282,7 @@ class TransferConnector(KVConnectorBase_V1):
         if not self.has_connector_metadata():
             return
         for req in self.this_step().sends:
-            if req.progress.clock is None or not req.progress.clock.streaming:  # not sent from inside the forward pass
+            if req.progress.clock is None:  # not already sending from inside the forward pass
                 self.begin_send(req)
                 self.send(req)
             self.end_send(req)

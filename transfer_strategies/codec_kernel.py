@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from transfer_strategies.digest_kernel import A32
+from transfer_strategies.digest_kernel import odd_weight
 
 FORMAT_IDS = {"fp8": 0, "int8": 1, "int4": 2}
 
@@ -115,13 +115,6 @@ def _decode(cache, piece_offsets, ids, values, scales, n_blocks, first, block_el
 
 
 @triton.jit
-def _word_weights(i):
-    # digests._weights_for's odd weights, (i * 2654435761 + c) mod 2^31 | 1, in int32: the low 31
-    # bits of a product do not depend on what wraps above them
-    return ((i * A32 + 40503) & 2147483647) | 1
-
-
-@triton.jit
 def _bytes_to_words(b, ROWS: tl.constexpr, N: tl.constexpr):
     # [ROWS, 4 N] bytes (int32, 0-255) as [ROWS, N] little-endian int32 words, as torch's view reads them
     a, c = tl.split(tl.reshape(b, (ROWS, N, 2, 2)))  # bytes 4w + 2x and 4w + 2x + 1
@@ -158,14 +151,14 @@ def _check(cache, piece_offsets, ids, digests, payload_sums, error_max, error_su
         q, scale = _quantize(x3, amax[:, :, None], QMAX, FMT)
         s_at = (k * n_blocks + j).to(tl.int64) * scales_per_block + t[:, None] * scale_t + h * scale_h + g[None, :]
         s_words = tl.where((t < T)[:, None], scale.reshape(BLOCK_T, G).to(tl.int32, bitcast=True), 0)
-        s_sum = tl.sum(tl.sum(s_words.to(tl.int64) * _word_weights((value_words + s_at).to(tl.int32)).to(tl.int64),
+        s_sum = tl.sum(tl.sum(s_words.to(tl.int64) * odd_weight((value_words + s_at).to(tl.int32), 0).to(tl.int64),
                               axis=1), axis=0)
     else:
         amax = tl.max(tl.max(tl.abs(x3), axis=2), axis=0)
         q, scale = _quantize(x3, amax[None, :, None], QMAX, FMT)
         s_at = (k * n_blocks + j).to(tl.int64) * scales_per_block + h * scale_h + g
         s_words = tl.reshape(scale, (G,)).to(tl.int32, bitcast=True)
-        s_sum = tl.sum(s_words.to(tl.int64) * _word_weights((value_words + s_at).to(tl.int32)).to(tl.int64), axis=0)
+        s_sum = tl.sum(s_words.to(tl.int64) * odd_weight((value_words + s_at).to(tl.int32), 0).to(tl.int64), axis=0)
     if FMT == 0:
         q = q.to(tl.float8e4nv, fp_downcast_rounding="rtne")  # what the payload holds
         b = q.to(tl.uint8, bitcast=True).to(tl.int32)
@@ -185,7 +178,7 @@ def _check(cache, piece_offsets, ids, digests, payload_sums, error_max, error_su
         words = _bytes_to_words(b, BLOCK_T, S // 4)
         w_at = row[:, None] // 4 + tl.arange(0, S // 4)[None, :]
     words = tl.where((t < T)[:, None], words, 0)
-    p_sum = tl.sum(tl.sum(words.to(tl.int64) * _word_weights(w_at.to(tl.int32)).to(tl.int64), axis=1), axis=0)
+    p_sum = tl.sum(tl.sum(words.to(tl.int64) * odd_weight(w_at.to(tl.int32), 0).to(tl.int64), axis=1), axis=0)
     tl.atomic_add(payload_sums + j, p_sum + s_sum)
     # the reconstruction, as _decode writes it into the receiver's blocks
     r = tl.reshape(q * scale, (BLOCK_T, S)).to(cache.dtype.element_ty)
@@ -198,7 +191,7 @@ def _check(cache, piece_offsets, ids, digests, payload_sums, error_max, error_su
         d_words = r.to(tl.int32, bitcast=True)
         d_at = t[:, None] * S + c[None, :]
     d_words = tl.where((t < T)[:, None], d_words, 0)
-    d_w = ((d_at * A32 + (k + 1) * 40503) & 2147483647) | 1
+    d_w = odd_weight(d_at, k)  # the receiver's digests' weights: by place in the head's share and piece
     tl.atomic_add(digests + j * n_heads + h, tl.sum(tl.sum(d_words.to(tl.int64) * d_w.to(tl.int64), axis=1), axis=0))
     err = tl.abs(r.to(tl.float32) - x)  # padded rows: both 0
     mag = tl.abs(x)

@@ -28,6 +28,13 @@ A32 = tl.constexpr(2654435761 - 2**32)  # digests._weights_for's multiplier as a
 
 
 @triton.jit
+def odd_weight(i, piece):
+    # digests._weights_for's weight of word i of a piece, (i * 2654435761 + (piece + 1) * 40503)
+    # mod 2^31 | 1, in int32 (i: int32): the low 31 bits of a product do not depend on what wraps above
+    return ((i * A32 + (piece + 1) * 40503) & 2147483647) | 1
+
+
+@triton.jit
 def _weighted_block_sums(base, piece_offsets, ids, out, n_pieces, block_words, n_heads, head_words, stride_h,
                          stride_t, ROW_WORDS: tl.constexpr, CHUNK: tl.constexpr, PIECES: tl.constexpr):
     # program (b, h, g): head h of block ids[b], summed over pieces [g * PIECES, (g + 1) * PIECES).
@@ -46,9 +53,7 @@ def _weighted_block_sums(base, piece_offsets, ids, out, n_pieces, block_words, n
             for start in range(0, head_words, CHUNK):
                 i = start + tl.arange(0, CHUNK)  # int32: a head's share of a block is far below 2^31 words
                 x = tl.load(row + (i // ROW_WORDS) * stride_t + i % ROW_WORDS, mask=i < head_words, other=0)
-                # digests._weights_for in int32: (i * A + c) mod 2^31 is the low 31 bits, whatever wraps above
-                w = ((i * A32 + (k + 1) * 40503) & 2147483647) | 1
-                acc += x.to(tl.int64) * w.to(tl.int64)  # a 32 x 32 -> 64 bit product: it cannot wrap
+                acc += x.to(tl.int64) * odd_weight(i, k).to(tl.int64)  # 32 x 32 -> 64 bits: it cannot wrap
     tl.atomic_add(out + b * n_heads + h, tl.sum(acc, axis=0))
 
 
@@ -58,8 +63,7 @@ def _weighted_word_sum(words, n_words, out, CHUNK: tl.constexpr):
     # of i (piece 0), summed in int64 (modulo 2^64)
     i = tl.program_id(0).to(tl.int64) * CHUNK + tl.arange(0, CHUNK)
     x = tl.load(words + i, mask=i < n_words, other=0)
-    w = ((i.to(tl.int32) * A32 + 40503) & 2147483647) | 1  # the low 31 bits: what wraps above does not matter
-    tl.atomic_add(out, tl.sum(x.to(tl.int64) * w.to(tl.int64), axis=0))
+    tl.atomic_add(out, tl.sum(x.to(tl.int64) * odd_weight(i.to(tl.int32), 0).to(tl.int64), axis=0))
 
 
 def weighted_word_sum(words: torch.Tensor, out: torch.Tensor) -> None:
