@@ -139,19 +139,17 @@ def test_the_cuda_kernel_gives_the_torch_digests():
 @pytest.mark.parametrize("kernel", ["_weighted_block_sums", "_weighted_word_sum"])
 def test_the_cuda_kernels_compile_for_hopper(kernel):
     """Triton's interpreter (above) accepts what its CUDA compiler refuses (a plain module global in
-    the kernel failed an H200 run's engines at start-up): compiled here for sm_90, no GPU needed."""
-    triton = pytest.importorskip("triton")
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
+    the kernel failed an H200 run's engines at start-up): compiled here for sm_90, no GPU needed.
+    Both read 16 bytes an instruction (the block sums once told their blocks' alignment; the word
+    sum where the payload is a multiple of 16 words)."""
+    pytest.importorskip("triton")
+    from tests.helpers.hopper import compile_for_hopper, global_accesses
     from transfer_strategies import digest_kernel
 
     fn = getattr(digest_kernel, kernel)
     pointers = {"base": "*i32", "words": "*i32", "piece_offsets": "*i64", "ids": "*i64", "out": "*i64"}
-    constexprs = {"ROW_WORDS": 64, "CHUNK": 1024, "PIECES": digest_kernel.PIECES}  # Llama-3-8B's bf16 head rows
-    constexprs = {n: v for n, v in constexprs.items() if n in fn.arg_names}
-    signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in fn.arg_names}
-    source = ASTSource(fn=fn, signature=signature,
-                       constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()})
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    constexprs = {"ROW_WORDS": 64, "CHUNK": 1024, "PIECES": digest_kernel.PIECES, "ALIGN": 4}  # Llama-3-8B's bf16 rows
+    compiled = compile_for_hopper(fn, pointers, constexprs, {"block_words", "head_words", "stride_h", "stride_t", "n_words"})
     assert "atom.global" in compiled.asm["ptx"]
+    accesses = global_accesses(compiled)
+    assert accesses["ld.global.v4.b32"] and not accesses["ld.global.b32"]

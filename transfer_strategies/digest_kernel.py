@@ -35,8 +35,27 @@ def odd_weight(i, piece):
 
 
 @triton.jit
+def block_start(ids, j, block_size, piece_offsets, k, ALIGN: tl.constexpr):
+    # where block ids[j] of piece k begins, counted from the first piece. ALIGN, a power of two
+    # that divides every piece's offset and the block size (alignment()), tells the compiler so:
+    # an offset read from memory is otherwise taken as unaligned, and every load and store of a
+    # block is then one element wide (2 bytes of bf16 an instruction; the codec kernels ran at half
+    # of HBM's bandwidth on an H200 so, results/gpu/2026-12-04-s24)
+    return tl.multiple_of(tl.load(ids + j).to(tl.int64) * block_size + tl.load(piece_offsets + k), ALIGN)
+
+
+def alignment(*sizes: int, most: int = 16) -> int:
+    """The largest power of two up to `most` that divides every size: block_start's ALIGN."""
+    align = most
+    while align > 1 and any(s % align for s in sizes):
+        align //= 2
+    return align
+
+
+@triton.jit
 def _weighted_block_sums(base, piece_offsets, ids, out, n_pieces, block_words, n_heads, head_words, stride_h,
-                         stride_t, ROW_WORDS: tl.constexpr, CHUNK: tl.constexpr, PIECES: tl.constexpr):
+                         stride_t, ROW_WORDS: tl.constexpr, CHUNK: tl.constexpr, PIECES: tl.constexpr,
+                         ALIGN: tl.constexpr):
     # program (b, h, g): head h of block ids[b], summed over pieces [g * PIECES, (g + 1) * PIECES).
     # Word i of a head's share is at (i // ROW_WORDS) * stride_t + i % ROW_WORDS: ROW_WORDS is a
     # compile-time constant, so that is a shift or a multiply, not a 64-bit division by a run-time
@@ -44,12 +63,11 @@ def _weighted_block_sums(base, piece_offsets, ids, out, n_pieces, block_words, n
     # an H200, results/gpu/2026-12-02-s14).
     b = tl.program_id(0)
     h = tl.program_id(1)
-    block = tl.load(ids + b).to(tl.int64) * block_words + h * stride_h
     acc = tl.zeros([CHUNK], dtype=tl.int64)
     for p in range(PIECES):
         k = tl.program_id(2) * PIECES + p
         if k < n_pieces:
-            row = base + tl.load(piece_offsets + k) + block
+            row = base + block_start(ids, b, block_words, piece_offsets, k, ALIGN) + h * stride_h
             for start in range(0, head_words, CHUNK):
                 i = start + tl.arange(0, CHUNK)  # int32: a head's share of a block is far below 2^31 words
                 x = tl.load(row + (i // ROW_WORDS) * stride_t + i % ROW_WORDS, mask=i < head_words, other=0)
@@ -102,6 +120,7 @@ class DigestKernel:
             raise ValueError(f"a block of shape {block} with heads on axis {head_axis}: not [heads|tokens, ..., words]")
         self.head_words = self.words // self.n_heads
         self.chunk = min(CHUNK, triton.next_power_of_2(self.head_words))
+        self.align = alignment(self.words, *(s // 4 for s in starts), most=4)  # 4 words: 16 bytes
 
     def add_to(self, total: torch.Tensor, ids: torch.Tensor) -> None:
         """total[j, h] += the weighted sum of head h of block ids[j] over every piece."""
@@ -109,4 +128,4 @@ class DigestKernel:
         grid = (ids.numel(), self.n_heads, triton.cdiv(n_pieces, PIECES))
         _weighted_block_sums[grid](self.base, self.offsets, ids, total, n_pieces, self.words, self.n_heads,
                                    self.head_words, self.stride_h, self.stride_t, ROW_WORDS=self.row_words,
-                                   CHUNK=self.chunk, PIECES=PIECES, num_warps=4)
+                                   CHUNK=self.chunk, PIECES=PIECES, ALIGN=self.align, num_warps=4)
