@@ -154,3 +154,18 @@ def test_both_engines_storing_fp8_is_judged_as_lossy_against_a_full_precision_ba
     assert s["digest_failures"] == 0 and s["digest_checked"] == 8
     assert s["logprob_drift_max"] > 1e-3 and "diagnosis" not in s  # not the baseline's KV, and said so
     assert "store KV as fp8" in run.stdout
+
+
+@FULL
+def test_the_serving_runner_judges_fp8_stored_kv_as_lossy_too(results_dir):
+    """runner=serve with both instances storing FP8: the outputs' cost is reported, not failed (its
+    summary's kv_cache_dtype, as the offline one's)."""
+    run = run_harness(results_dir / "serve-kv_cache_dtype-fp8", "runner=serve", "strategy=fused", "workload=corpus",
+                      "workload.prompt_len=448", "workload.num_prompts=8", "serve.num_requests=8",
+                      "serve.request_rate=inf", "sampling.max_tokens=32",
+                      "engines.prefill={kv_cache_dtype:fp8}", "engines.decode={kv_cache_dtype:fp8}")
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "ok" and s["kv_cache_dtype"] == "fp8" and s["codec"] is None
+    assert s["digest_failures"] == 0 and s["digest_checked"] == 8
+    assert s["logprob_drift_max"] > 1e-3 and "store KV as fp8" in run.stdout

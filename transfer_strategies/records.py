@@ -50,7 +50,7 @@ from pathlib import Path
 #      codec_error and digests come from one pass over its blocks (on CUDA), its digest_ms is
 #      that pass's time; send records gain hook_ms (a streaming strategy's host time in the
 #      forward pass's per-layer hooks), request rows and summary.json hook_ms too
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 UNVERSIONED = 1  # what a row without schema_version is
 
 

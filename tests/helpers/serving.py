@@ -28,10 +28,8 @@ def serve_summary_of(rows: list[dict]) -> dict:
         d = Path(tmp)
         (d / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["path"] == "disagg"))
         (d / "baseline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["path"] != "disagg"))
-        cfg = OmegaConf.create({"strategy": {"name": "fused"}, "model": {"name": "m"}, "workload": {"name": "w"},
-                                "serve": {"request_rate": 4.0, "max_concurrency": None},
-                                "arrivals": {"name": "poisson"},
-                                "slo": {"ttft_ms": None, "tpot_ms": None}})
+        cfg = config("runner=serve", "strategy=fused", "serve.request_rate=4.0", "serve.max_concurrency=null",
+                     "slo.ttft_ms=null", "slo.tpot_ms=null")
         return serve_summary(d, cfg, status="ok", error=None, run_id="r", device="cpu", timings={},
                              kv_usage={"prefill": 0.0, "decode": 0.0}, external=False)
 
