@@ -149,7 +149,8 @@ def test_the_cuda_kernels_compile_for_hopper(kernel):
     fn = getattr(digest_kernel, kernel)
     pointers = {"base": "*i32", "words": "*i32", "piece_offsets": "*i64", "ids": "*i64", "out": "*i64"}
     constexprs = {"ROW_WORDS": 64, "CHUNK": 1024, "PIECES": digest_kernel.PIECES, "ALIGN": 4}  # Llama-3-8B's bf16 rows
-    compiled = compile_for_hopper(fn, pointers, constexprs, {"block_words", "head_words", "stride_h", "stride_t", "n_words"})
+    divisible = {"block_words", "head_words", "stride_h", "stride_t", "n_words"}
+    compiled = compile_for_hopper(fn, pointers, constexprs, divisible)
     assert "atom.global" in compiled.asm["ptx"]
     accesses = global_accesses(compiled)
     assert accesses["ld.global.v4.b32"] and not accesses["ld.global.b32"]

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from harness.checks import stored_kv_dtype
 from harness.accuracy import accuracy_cost
 from harness.accuracy import line as accuracy_line
+from harness.checks import stored_kv_dtype
 from harness.records import prefix_hit_lines, prefix_hits, read_jsonl, recompute_counts
 from harness.scenario import aborted, fault_counts, given
 from harness.scenario import lines as scenario_lines
@@ -132,7 +132,8 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
                               faults=(out.get("faults_missed") or 0, out.get("faults_injected") or 0),
                               held={n: u for n, u in kv_usage.items() if u},
                               failed_requests=[f"{r['path']} #{r['request_idx']}: {r['error']}" for r in broken],
-                              lossy=bool(out.get("codec") or out["kv_cache_dtype"]), accuracy_drop=out.get("accuracy_drop"),
+                              lossy=bool(out.get("codec") or out["kv_cache_dtype"]),
+                              accuracy_drop=out.get("accuracy_drop"),
                               max_accuracy_drop=(cfg.get("check") or {}).get("max_accuracy_drop"))
         code = 0 if status == "ok" else 1
     out.update(status=status, error=error, exit_code=code)

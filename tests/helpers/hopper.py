@@ -19,8 +19,8 @@ def compile_for_hopper(fn, pointers: dict[str, str], constexprs: dict, divisible
     constexprs = {n: v for n, v in constexprs.items() if n in fn.arg_names}
     signature = {n: "constexpr" if n in constexprs else pointers.get(n, "i32") for n in fn.arg_names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names) if n in pointers or n in divisible}
-    source = ASTSource(fn=fn, signature=signature, constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()},
-                       attrs=attrs)
+    source = ASTSource(fn=fn, signature=signature, attrs=attrs,
+                       constexprs={(fn.arg_names.index(n),): v for n, v in constexprs.items()})
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, **options})
 
 
