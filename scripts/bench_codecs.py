@@ -27,6 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from transfer_strategies.codec_checks import PayloadCheck, SendCheck  # noqa: E402
+from transfer_strategies.codec_kernel import CodecKernel  # noqa: E402
 from transfer_strategies.codecs import Codec, CodecParams  # noqa: E402
 from transfer_strategies.digests import BlockDigests  # noqa: E402
 from transfer_strategies.faults import checksum_hex, payload_sum  # noqa: E402
@@ -178,9 +179,13 @@ def main() -> int:
                     help="default: tiny_llama on CPU, llama3_8b on CUDA")
     ap.add_argument("--tokens", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--warps", type=int, default=None,
+                    help="the codec kernels' warps a program (default: CodecKernel.warps)")
     ap.add_argument("--check", action="store_true",
                     help="first check the kernels against torch (exit 1 if any differ)")
     args = ap.parse_args()
+    if args.warps:
+        CodecKernel.warps = args.warps
     if args.check:
         problems = check_against_torch(args.device)
         print("\n".join(problems) or "the kernels give torch's bytes and blocks: every codec, NHD and HND, "
@@ -190,7 +195,8 @@ def main() -> int:
     preset = args.preset or ("llama3_8b" if args.device == "cuda" else "tiny_llama")
     torch.manual_seed(0)
     print(f"device {args.device} ({torch.cuda.get_device_name(0) if args.device == 'cuda' else 'CPU'}), "
-          f"{preset}'s KV, {args.repeats} repeats; ms as median [25th, 75th percentile]")
+          f"{preset}'s KV, {args.repeats} repeats, codec kernels of {CodecKernel.warps} warps; "
+          "ms as median [25th, 75th percentile]")
     print("| strategy | kernel | tokens | MiB moved | send: gather (+ compress) ms | "
           "receive: (reconstruct +) scatter ms | pays below (GB/s, computed) | sender's check ms | "
           "receiver's payload checksum ms |")

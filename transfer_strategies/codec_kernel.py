@@ -205,6 +205,8 @@ class CodecKernel:
     CUDA, contiguous pieces of [tokens, heads, head size] or [heads, tokens, head size], a head
     size and channels per scale that are powers of two)."""
 
+    warps = 4  # a program's warps (scripts/bench_codecs.py --warps tries others)
+
     def __init__(self, codec):
         kv = codec.kv
         pieces = kv.pieces(range(kv.n_layers))
@@ -249,7 +251,8 @@ class CodecKernel:
         n = ids.numel()
         if n:
             _encode[(n, len(self.pieces), self.H)](self.base, self.offsets, ids, values, scales, *self._args(n),
-                                                   QMAX=self.codec.format.qmax, **self._consts(), num_warps=4)
+                                                   QMAX=self.codec.format.qmax, **self._consts(),
+                                                   num_warps=self.warps)
 
     def check(self, ids: torch.Tensor) -> dict[str, torch.Tensor] | None:
         """A lossy sender's check of blocks `ids` (int64, on the device), queued on its stream:
@@ -272,7 +275,7 @@ class CodecKernel:
                                                   out["error_max"], out["error_sum"], *self._args(n), value_words,
                                                   self.H, len(self.pieces) // n_layers, QMAX=self.codec.format.qmax,
                                                   ELEMENT_BYTES=self.base.element_size(), **self._consts(),
-                                                  num_warps=4, enable_fp_fusion=False)  # the error: no FMA
+                                                  num_warps=self.warps, enable_fp_fusion=False)  # the error: no FMA
         return out
 
     def decode(self, values: torch.Tensor, scales: torch.Tensor, ids: torch.Tensor, n_blocks: int, first: int) -> None:
@@ -281,4 +284,4 @@ class CodecKernel:
             n = n_blocks
             _decode[(n_blocks - first, len(self.pieces), self.H)](self.base, self.offsets, ids, values, scales,
                                                                   n, first, *self._args(n)[1:], **self._consts(),
-                                                                  num_warps=4)
+                                                                  num_warps=self.warps)
