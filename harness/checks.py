@@ -136,6 +136,13 @@ def check_settings(cfg: DictConfig) -> None:
     staging_mb = cfg.transport.get("staging_mb")
     if staging_mb is not None and (not isinstance(staging_mb, int) or staging_mb < 1):
         raise ConfigError(f"transport.staging_mb must be a positive integer (MiB) or null, got {staging_mb!r}")
+    try:  # as the connectors will read it (was a traceback from the first engine's settings)
+        transport = parse(TransportSettings, OmegaConf.to_container(cfg.transport, resolve=True), "transport")
+    except ContractError as e:
+        raise ConfigError(str(e)) from None
+    if transport.kind == "nixl" and importlib.util.find_spec("nixl") is None:
+        raise ConfigError("transport=nixl needs the Python package 'nixl', which is not installed: `make setup` "
+                          "installs it on CPU machines; elsewhere pip install nixl")
     s = cfg.strategy
     submit = cfg.run.get("decode_submit")
     if submit not in (None, "early", "after_prefill"):

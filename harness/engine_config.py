@@ -58,6 +58,8 @@ def engine_env(cfg: DictConfig, device: str, gpu: int, role: str | None = None) 
             env.pop("GLOO_SOCKET_IFNAME")
             if ifname:
                 env["GLOO_SOCKET_IFNAME"] = ifname
+        if ifname and cfg.transport.kind == "nixl":  # UCX would take shared memory, which no link carries
+            env.update(UCX_TLS="tcp", UCX_NET_DEVICES=ifname)
     if device == "cpu":
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # engines share the cores
         # OpenMP threads otherwise spin for up to 200 ms after each parallel region, starving
@@ -107,10 +109,11 @@ def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path | list[Path],
 
 
 def link_ceiling(cfg: DictConfig) -> float | str | None:
-    """Where the KV crosses a network (transport=gloo with transport.address), that link's own
-    GB/s, measured now between where the two engines run; None elsewhere (copy_ceiling_gbps)."""
+    """Where the KV crosses a network (transport=gloo, or nixl told an interface, with
+    transport.address), that link's own GB/s, measured now between where the two engines run;
+    None elsewhere (copy_ceiling_gbps)."""
     address = cfg.transport.get("address")
-    if not address or cfg.transport.kind != "gloo":
+    if not address or not (cfg.transport.kind == "gloo" or (cfg.transport.kind == "nixl" and cfg.transport.ifname)):
         return None
     return link_ceiling_gbps(address.rpartition(":")[0], dict(cfg.run.get("netns") or {}), cfg.transport.get("ifname"))
 

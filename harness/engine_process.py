@@ -116,17 +116,27 @@ def _context(env: dict):
 
 def enter_netns(name: str) -> None:
     """Move this process into the named Linux network namespace (`ip netns add NAME`), as
-    `ip netns exec` does; threads and processes started afterwards are in it too."""
+    `ip netns exec` does: with a mount namespace of its own whose /sys is the network
+    namespace's, where libraries list the interfaces (UCX does: without it, NIXL saw only lo).
+    Threads and processes started afterwards are in both. Call it while single-threaded."""
     import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def check(result: int, what: str) -> None:
+        if result != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"cannot enter network namespace {name}: {what}: {os.strerror(err)}")
 
     fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
-            err = ctypes.get_errno()
-            raise OSError(err, f"cannot enter network namespace {name}: {os.strerror(err)}")
+        check(libc.setns(fd, 0x40000000), "setns")  # CLONE_NEWNET
     finally:
         os.close(fd)
+    check(libc.unshare(0x00020000), "unshare")  # CLONE_NEWNS
+    check(libc.mount(b"", b"/", b"none", 0x4000 | 0x80000, None), "mount / private")  # MS_REC | MS_SLAVE
+    check(libc.umount2(b"/sys", 2), "umount /sys")  # MNT_DETACH
+    check(libc.mount(name.encode(), b"/sys", b"sysfs", 0, None), "mount /sys")
 
 
 def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None:

@@ -125,9 +125,9 @@ def link_for(cfg) -> VethLink | None:
         return None
     if cfg.link.kind != "veth":
         raise LinkError(f"link.kind must be none or veth, got {cfg.link.kind!r}")
-    if cfg.transport.kind != "gloo":
-        raise LinkError("link=veth needs transport=gloo: the KV must cross the link as TCP (transport=staged "
-                        "shares the machine's memory, which no link carries)")
+    if cfg.transport.kind not in ("gloo", "nixl"):
+        raise LinkError("link=veth needs transport=gloo or nixl: the KV must cross the link as TCP "
+                        "(transport=staged shares the machine's memory, which no link carries)")
     netns = cfg.run.get("netns") or {}
     if cfg.transport.get("address") or any(netns.get(r) for r in ("prefill", "decode")):
         raise LinkError("link=veth makes its own namespaces and address: leave run.netns and transport.address unset")

@@ -119,7 +119,7 @@ FULL = pytest.mark.full  # make test-full only (tests/TIERS.md says what make te
 # seconds each without an engine (processes over gloo's TCP, Triton's interpreter, a subprocess that
 # imports vLLM): make test runs them, make test-fast leaves them out
 SLOW = pytest.mark.slow
-TRANSPORT_KINDS = ["staged", pytest.param("gloo", marks=SLOW)]  # gloo's TCP rendezvous takes seconds per test
+TRANSPORT_KINDS = ["staged", pytest.param("gloo", marks=SLOW), "nixl"]  # gloo's TCP rendezvous takes seconds per test
 
 
 def cells(values, kept, ids=None) -> list:

@@ -1,4 +1,5 @@
-"""The channel between two worker processes, without vLLM engines: real gloo and shared memory."""
+"""The channel between two worker processes, without vLLM engines: real gloo, shared memory and
+NIXL (UCX)."""
 
 import multiprocessing as mp
 import os
@@ -19,8 +20,9 @@ def test_messages_arrive_whole_and_in_place(kind, tmp_path):
 
 
 # --------------------------------------------------------------------------- a full staging buffer
-def test_more_than_the_buffer_holds_arrives_before_the_receiver_uses_any(tmp_path):
-    check_staging_pressure(tmp_path)
+@pytest.mark.parametrize("kind", ["staged", "nixl"])  # gloo has no staging buffer
+def test_more_than_the_buffer_holds_arrives_before_the_receiver_uses_any(kind, tmp_path):
+    check_staging_pressure(tmp_path, kind=kind)
 
 
 # --------------------------------------------------------------------------- fan-in: 2 prefill workers, 1 decode

@@ -66,10 +66,10 @@ RUN_PATHS = ("rendezvous", "stats_path")
 class TransportSettings:
     """The channel under the strategy (conf/transport/*.yaml holds the same keys)."""
 
-    kind: Literal["staged", "gloo"] = "staged"
+    kind: Literal["staged", "gloo", "nixl"] = "staged"
     staging_mb: int | None = None  # the decode worker's staging buffer (None: 256 MiB on CPU, 4096 on CUDA)
     address: str | None = None  # HOST:PORT the prefill worker listens on (None: a free port on 127.0.0.1)
-    ifname: str | None = None  # the interface gloo uses (GLOO_SOCKET_IFNAME)
+    ifname: str | None = None  # the interface gloo (GLOO_SOCKET_IFNAME) or UCX (UCX_NET_DEVICES) uses
 
 
 @dataclass(frozen=True)

@@ -86,9 +86,9 @@ def check_messages_arrive(tmp_path, kind, devices=("cpu", "cpu")):
 PRESSURE = [(f"r{i}", j, 5, (i + 1) * 0.3 * MiB) for i in range(4) for j in range(5)]  # 4 requests, 5 messages
 
 
-def _pressure_sender(rendezvous, out, sent, devices=("cpu", "cpu")):
+def _pressure_sender(rendezvous, out, sent, devices=("cpu", "cpu"), kind="staged"):
     device = devices[0]
-    ch = open_end("sender", rendezvous, "staged", device, timeout_s=20)
+    ch = open_end("sender", rendezvous, kind, device, timeout_s=20)
     errors = []
     too_big = torch.empty(8 * MiB + 1, dtype=torch.uint8, device=device)
     for attempt in (lambda: ch.alloc(too_big.numel()), lambda: ch.send("big", 0, 1, too_big)):
@@ -117,8 +117,8 @@ def _pressure_sender(rendezvous, out, sent, devices=("cpu", "cpu")):
     os._exit(0)
 
 
-def _pressure_receiver(rendezvous, out, sent, devices=("cpu", "cpu")):
-    ch = open_end("receiver", rendezvous, "staged", devices[1], timeout_s=20)
+def _pressure_receiver(rendezvous, out, sent, devices=("cpu", "cpu"), kind="staged"):
+    ch = open_end("receiver", rendezvous, kind, devices[1], timeout_s=20)
     sent.wait(60)  # nothing used before the sender has sent everything
     ok = []
     for k in range(3):
@@ -142,9 +142,9 @@ def _pressure_receiver(rendezvous, out, sent, devices=("cpu", "cpu")):
     os._exit(0)
 
 
-def check_staging_pressure(tmp_path, devices=("cpu", "cpu")):
+def check_staging_pressure(tmp_path, devices=("cpu", "cpu"), kind="staged"):
     sent = mp.get_context("spawn").Event()
-    got = dict(run_pair(tmp_path, _pressure_sender, _pressure_receiver, sent, devices, results=2))
+    got = dict(run_pair(tmp_path, _pressure_sender, _pressure_receiver, sent, devices, kind, results=2))
     assert len(got["sender"]) == 2 and all("transport.staging_mb" in e for e in got["sender"]), got["sender"]
     # every message intact, and some were moved out of the staging buffer to make room
     assert got["receiver"] == (True, True)

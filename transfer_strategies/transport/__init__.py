@@ -21,6 +21,8 @@ Transports (transport.kind):
                     receiver owns (buffers.py: shared memory on CPU, CUDA IPC on a GPU; space
                     kept by allocator.py), then a doorbell over a local socket (frames.py).
   gloo (CPU)        gloo.py: headers and payloads over gloo's TCP sockets.
+  nixl              nixl.py: staged's channel, the payload carried into the receiver's buffer by a
+                    NIXL write (UCX: shared memory or TCP here) from a registered mirror.
 rendezvous.py: how the two find each other; inbox.py: the receiver's parked messages;
 fan_in.py: a decode worker with channels from several prefill workers (serving mode's xPyD).
 """
@@ -75,7 +77,7 @@ def _open(role: str, device: torch.device, transport: TransportSettings, rendezv
         if role == "sender":
             return _opened(GlooSender(paths[0], host, timeout_s), on_open)
         return _receivers(paths, timeout_s, on_open, lambda path, **kw: GlooReceiver(path, host, timeout_s, **kw))
-    if kind == "staged" and device.type in DEFAULT_STAGING_MB:
+    if kind in ("staged", "nixl") and device.type in DEFAULT_STAGING_MB:
         if role == "sender":  # the receiver sizes the buffer
             return _opened(StagedSender(device, paths[0], host, timeout_s), on_open)
         mb = transport.staging_mb
@@ -83,9 +85,10 @@ def _open(role: str, device: torch.device, transport: TransportSettings, rendezv
         if mb <= 0:
             raise ValueError(f"transport.staging_mb must be positive, got {mb}")
         return _receivers(paths, timeout_s, on_open,
-                          lambda path, **kw: StagedReceiver(device, mb * 2**20, path, host, timeout_s, **kw))
+                          lambda path, **kw: StagedReceiver(device, mb * 2**20, path, host, timeout_s, kind=kind,
+                                                            **kw))
     raise ValueError(f"no KV transport {kind!r} for device type {device.type!r}: use transport.kind=staged "
-                     f"(shared memory on CPU, CUDA IPC on GPU) or gloo (CPU)")
+                     f"(shared memory on CPU, CUDA IPC on GPU), nixl or gloo (CPU)")
 
 
 def _opened(channel, on_open):

@@ -6,6 +6,12 @@ and the cleanup it owes.
                              sides open it, unlinked as soon as both have it mapped.
   CudaIpcStaging (CUDA)      GPU memory of the decode engine's GPU, opened in the prefill
                              worker through CUDA IPC; freed with the decode worker.
+  NixlStaging (nixl.py)      the decode worker's memory registered with NIXL, which the prefill
+                             worker writes into from a mirror of its own (transport=nixl).
+
+The prefill worker sees the buffer as `tensor`, the space it builds payloads in, and calls
+`deliver` before a payload's doorbell: where `tensor` is the receiver's memory itself (shared
+memory, CUDA IPC) there is nothing left to do.
 """
 
 from __future__ import annotations
@@ -67,6 +73,9 @@ class SharedMemoryStaging:
         """Nothing is left in /dev/shm from here on, whatever happens to either engine."""
         _unlink(self._shm.name)
 
+    def deliver(self, offset: int, nbytes: int, timeout_s: float) -> None:
+        return None
+
     def close(self) -> None:
         self.tensor = None
         with contextlib.suppress(BufferError):  # a view is still alive; the mapping goes with the process
@@ -108,15 +117,28 @@ class CudaIpcStaging:
     def mapped_by_both(self) -> None:
         return None
 
+    def deliver(self, offset: int, nbytes: int, timeout_s: float) -> None:
+        return None
+
     def close(self) -> None:
         self.tensor = None
 
 
-def create_staging(device: torch.device, nbytes: int, port: int):
+def create_staging(device: torch.device, nbytes: int, port: int, kind: str = "staged"):
+    """The decode worker's buffer: kind "staged" (shared memory or CUDA IPC) or "nixl"."""
+    if kind == "nixl":
+        from transfer_strategies.transport.nixl import NixlStaging
+
+        return NixlStaging(device, nbytes)
     if device.type == "cuda":
         return CudaIpcStaging.create(nbytes, device)
     return SharedMemoryStaging.create(nbytes, port)
 
 
 def open_staging(handle: tuple, device: torch.device):
+    """The prefill worker's view of the buffer whose handle the decode worker sent."""
+    if handle[0] == "nixl":
+        from transfer_strategies.transport.nixl import NixlMirror
+
+        return NixlMirror(handle, device)
     return (CudaIpcStaging if handle[0] == "cuda" else SharedMemoryStaging).open(handle, device)

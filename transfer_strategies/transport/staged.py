@@ -196,6 +196,8 @@ class StagedSender:
         return run
 
     def _ring(self, bell: Doorbell) -> None:
+        if bell.nbytes:  # into the receiver's memory first, where the buffer is a copy of it (nixl.py)
+            self.buffer.deliver(bell.offset, bell.nbytes, self.timeout_s)
         # Under the lock: an Ack or a Reclaim for this region cannot overtake its announcement.
         with self._cond:
             bell.written = time.monotonic()  # the payload is in the receiver's buffer from now on
@@ -232,14 +234,15 @@ class StagedSender:
 
 class StagedReceiver:
     def __init__(self, device: torch.device, staging_bytes: int, rendezvous_path: str, host: str,
-                 timeout_s: float, inbox: Inbox | None = None, tag: int = 0):
+                 timeout_s: float, inbox: Inbox | None = None, tag: int = 0, kind: str = "staged"):
         """inbox: one shared with the channels from other prefill workers (Receivers), in which
-        this channel's staging regions are told apart by tag."""
+        this channel's staging regions are told apart by tag; kind: the buffer's
+        (buffers.create_staging)."""
         self.device = device
         self.tag = tag
         host, port = rendezvous.peer(rendezvous_path, host, timeout_s)
         self.sock = FrameSocket(rendezvous.connect(host, port, timeout_s))
-        self.buffer = buffers.create_staging(device, staging_bytes, port)
+        self.buffer = buffers.create_staging(device, staging_bytes, port, kind)
         self.staging = self.buffer.tensor
         self.sock.send(Handle(pickle.dumps(self.buffer.handle)))
         try:
