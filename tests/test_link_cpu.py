@@ -1,6 +1,6 @@
 """link=veth: the prefill and decode engines across a shaped link the harness makes for the run
 (harness/link.py). The shaping really applied (the measured ceiling within 10% of the set rate),
-a strategy correct across it, bad settings refused before anything is made, and nothing left
+a strategy correct across it over gloo and NIXL, bad settings refused before anything is made, and nothing left
 behind. Needs root and iproute2 (tc): skipped where either is missing."""
 
 import os
@@ -11,7 +11,7 @@ import pytest
 
 from harness.ceiling import link_ceiling_gbps
 from harness.link import IFNAME, PREFILL_IP, LinkError, LinkSpec, VethLink
-from tests.conftest import run_harness
+from tests.conftest import cells, run_harness
 from tests.helpers.runs import assert_bad_input
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("tc") is None or shutil.which("ip") is None,
@@ -57,12 +57,19 @@ def test_bad_link_settings_are_bad_input(tmp_path):
 
 @needs_root
 @pytest.mark.engine
-def test_kv_crosses_a_shaped_link_bit_for_bit(tmp_path):
+@pytest.mark.parametrize("transport", cells(["gloo", "nixl"], {"nixl"}))
+def test_kv_crosses_a_shaped_link_bit_for_bit(tmp_path, transport):
+    """Over gloo's TCP, and over NIXL told the link (UCX would take shared memory, which no link
+    carries: a KV of 4 MiB a request then moves at several GB/s, not at the link's 0.25)."""
     before = namespaces()
-    run = run_harness(tmp_path / "r", "link=veth", "link.rate_gbit=2", "transport=gloo")
+    run = run_harness(tmp_path / "r", "link=veth", "link.rate_gbit=2", f"transport={transport}", "workload=synthetic",
+                      "workload.prompt_len=1024", "workload.num_prompts=4")
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
     assert s["status"] == "ok" and s["match_rate"] == 1.0 and s["digest_failures"] == 0 and s["digest_checked"] == 4
     assert s["link"] == {"kind": "veth", "rate_gbit": 2.0, "delay_ms": 0.0}
     assert s["link_ceiling_gbps"] == pytest.approx(2.0 / 8, rel=0.1)  # measured across the shaped link
+    # no faster than the link (its token bucket lets the first 4 ms of bytes through at once)
+    rates = [r["bytes"] / r["transfer_ms"] / 1e6 for r in run.jsonl("requests.jsonl")]
+    assert len(rates) == 4 and max(rates) < 1.5 * s["link_ceiling_gbps"], rates
     assert namespaces() == before  # the link's namespaces, veth pair and qdiscs went with the run

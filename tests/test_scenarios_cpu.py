@@ -111,6 +111,15 @@ def test_a_transfer_that_arrives_damaged_is_caught_on_arrival(results_dir, kind,
     check_faults_caught(run, kind)
 
 
+@pytest.mark.parametrize("transport", cells(["nixl", "gloo"], {"nixl"}))
+def test_a_damaged_transfer_is_caught_over_each_transport(results_dir, transport):
+    """The cells above run over staged buffers; a payload damaged before a NIXL write or a gloo
+    send is caught on arrival the same way, and the clean ones arrive whole."""
+    run = run_harness(results_dir / f"scenario-fault_flip-{transport}", "scenario=fault_flip", "strategy=fused",
+                      f"transport={transport}")
+    check_faults_caught(run, "flip")
+
+
 @pytest.mark.parametrize("prefill_tp", cells([1, 2], {1}))
 def test_a_prefill_worker_dying_mid_transfer_stops_the_run(results_dir, prefill_tp):
     """prefill_tp 2: the engine's workers are processes of their own (both die, each on its third
