@@ -8,7 +8,8 @@ median, and whether its interval clears the next one's); and the figure of both 
 speed. scripts/link_report.py draws them.
 
 A link's label is its set rate ("1 Gbit/s"), "veth, unshaped" for an unshaped one and "same machine" for
-a run without a link (transport=staged, shared memory); rows are ordered fastest link first.
+a run without a link; rows are ordered fastest link first. Each row names its transport (staged,
+gloo, nixl): a strategy over two transports is two rows, and two lines in the figure.
 Only runs beside a link run are read: under the same directory two levels up as one (a sweep
 across links and a sweep on the same machine side by side, as scripts/link_report.py shows), so
 that unrelated runs of the same prompt length do not join a cell.
@@ -22,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 KEYS = ["model", "device", "prompt_len", "link"]
-COLUMNS = ["model", "device", "prompt_len", "link", "link_ceiling_gbit", "strategy", "requests",
+COLUMNS = ["model", "device", "prompt_len", "link", "link_ceiling_gbit", "strategy", "transport", "requests",
            "ttft_overhead_ms_p50", "ttft_overhead_ms_p50_lo", "ttft_overhead_ms_p50_hi",
            "after_forward_ms_p50", "after_forward_ms_p50_lo", "after_forward_ms_p50_hi",
            "prefill_ttft_overhead_ms_p50", "transfer_ms_p50", "kv_ms_p50", "bytes_p50", "match_rate", "status"]
@@ -53,6 +54,7 @@ def link_table(runs: pd.DataFrame) -> pd.DataFrame:
         roots = {Path(d).parent.parent for d in df.loc[linked, "run_dir"]}
         df = df[df["run_dir"].map(lambda d: Path(d).parent.parent in roots)]
     df["prompt_len"] = df.get("workload.prompt_len")
+    df["transport"] = df.get("transport.kind", pd.Series(None, index=df.index)).fillna("staged")
     links = [_link(r) for r in df.to_dict("records")]
     df["link"], df["link_rate"] = [lbl for lbl, _ in links], [g for _, g in links]
     ceiling = df.get("link_ceiling_gbps", pd.Series(None, index=df.index))
@@ -60,16 +62,20 @@ def link_table(runs: pd.DataFrame) -> pd.DataFrame:
     for col in COLUMNS:
         if col not in df:
             df[col] = None
-    numeric = [c for c in COLUMNS if c not in (*KEYS, "strategy", "status", "requests")]
+    numeric = [c for c in COLUMNS if c not in (*KEYS, "strategy", "transport", "status", "requests")]
     for c in numeric:
         df[c] = pd.to_numeric(df[c], errors="coerce")
     agg = dict.fromkeys(numeric, "mean")
     agg.update(requests="sum", link_rate="first",
                status=lambda s: "ok" if (s == "ok").all() else ",".join(sorted(set(map(str, s)) - {"ok"})))
-    out = df.groupby([*KEYS, "strategy"], dropna=False).agg(agg).reset_index()
+    out = df.groupby([*KEYS, "strategy", "transport"], dropna=False).agg(agg).reset_index()
     out = out.sort_values(["model", "device", "prompt_len", "link_rate", f"{RANK}_p50"],
                           ascending=[True, True, True, False, True], ignore_index=True)
     return out[[*COLUMNS, "link_rate"]]
+
+
+def _name(row) -> str:
+    return f"{row['strategy']} over {row['transport']}"
 
 
 def winners(table: pd.DataFrame, metric: str = RANK) -> list[str]:
@@ -81,19 +87,19 @@ def winners(table: pd.DataFrame, metric: str = RANK) -> list[str]:
         if g.empty:
             continue
         best = g.iloc[0]
-        line = f"{model} {device} {int(n)} tokens, {link}: {best['strategy']} {best[f'{metric}_p50']:.1f} ms"
+        line = f"{model} {device} {int(n)} tokens, {link}: {_name(best)} {best[f'{metric}_p50']:.1f} ms"
         if len(g) > 1:
             second = g.iloc[1]
             clear = best[f"{metric}_p50_hi"] < second[f"{metric}_p50_lo"]
-            line += (f", {'ahead of' if clear else 'within the noise of'} {second['strategy']} "
+            line += (f", {'ahead of' if clear else 'within the noise of'} {_name(second)} "
                      f"{second[f'{metric}_p50']:.1f} ms")
         lines.append(line)
     return lines
 
 
 def to_markdown(table: pd.DataFrame) -> str:
-    head = ["prompt", "link", "link ceiling Gbit/s", "strategy", "TTFT overhead ms [95%]", "after forward ms [95%]",
-            "prefill's token ms",
+    head = ["prompt", "link", "link ceiling Gbit/s", "strategy", "transport", "TTFT overhead ms [95%]",
+            "after forward ms [95%]", "prefill's token ms",
             "transfer ms", "KV e2e ms", "MB moved", "match", "status"]
 
     def f(v, spec=".3g"):
@@ -107,8 +113,8 @@ def to_markdown(table: pd.DataFrame) -> str:
                  f"{f(r['after_forward_ms_p50_hi'], '.1f')}]")
         lines.append("| " + " | ".join([
             str(int(r["prompt_len"])) if r["prompt_len"] == r["prompt_len"] else "-", r["link"],
-            f(r["link_ceiling_gbit"]), r["strategy"], ttft, after, f(r["prefill_ttft_overhead_ms_p50"], ".1f"),
-            f(r["transfer_ms_p50"]), f(r["kv_ms_p50"]), f(r["bytes_p50"] / 1e6 if r["bytes_p50"] == r["bytes_p50"]
+            f(r["link_ceiling_gbit"]), r["strategy"], r["transport"], ttft, after,
+            f(r["prefill_ttft_overhead_ms_p50"], ".1f"), f(r["transfer_ms_p50"]), f(r["kv_ms_p50"]), f(r["bytes_p50"] / 1e6 if r["bytes_p50"] == r["bytes_p50"]
                                                          else None), f(r["match_rate"]), str(r["status"])]) + " |")
     return "\n".join(lines)
 
@@ -124,12 +130,12 @@ def plot_ttft_against_link(table: pd.DataFrame, axes=None):
     right = (finite.max() if len(finite) else 1.0) * 4
     for ax, metric, label in ((axes[0], "ttft_overhead_ms", "TTFT overhead"),
                               (axes[1], RANK, "after the forward pass")):
-        for (strategy, n), g in table.groupby(["strategy", "prompt_len"]):
+        for (strategy, transport, n), g in table.groupby(["strategy", "transport", "prompt_len"]):
             g = g.sort_values("link_rate")
             x = g["link_rate"].where(g["link_rate"] < 1e5, right)
             y = g[f"{metric}_p50"]
             err = [y - g[f"{metric}_p50_lo"], g[f"{metric}_p50_hi"] - y]
-            ax.errorbar(x, y, yerr=err, fmt="o-", capsize=2, label=f"{strategy} ({int(n)} tokens)")
+            ax.errorbar(x, y, yerr=err, fmt="o-", capsize=2, label=f"{strategy} over {transport} ({int(n)} tokens)")
         ax.set_xscale("log")
         ax.set_xlabel(f"link rate, Gbit/s (same machine drawn at {right:g})")
         ax.set_ylabel(f"{label}, ms (median, 95% interval)")

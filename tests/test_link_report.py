@@ -7,9 +7,11 @@ import pandas as pd
 from harness.link_report import link_table, to_markdown, winners
 
 
-def run(strategy, rate, ttft, lo, hi, kind="veth", n=1024):
+def run(strategy, rate, ttft, lo, hi, kind="veth", n=1024, transport=None):
     """A run whose TTFT overhead and time after the forward pass are the same figures."""
-    return {"run_dir": f"out/{'links' if rate else 'same_machine'}/{strategy}-{rate}", "strategy": strategy,
+    transport = transport or ("gloo" if rate else "staged")
+    return {"run_dir": f"out/{'links' if rate else 'same_machine'}/{strategy}-{rate}-{transport}", "strategy": strategy,
+            "transport.kind": transport,
             "workload.prompt_len": n, "model": "tiny-llama", "device": "cpu",
             "link.kind": kind, "link.rate_gbit": rate, "link_ceiling_gbps": None if rate is None else rate / 8 * 0.96,
             "ttft_overhead_ms_p50": ttft, "ttft_overhead_ms_p50_lo": lo, "ttft_overhead_ms_p50_hi": hi,
@@ -22,21 +24,22 @@ def test_cells_are_ordered_fastest_link_first_and_each_names_its_winner():
     runs = pd.DataFrame([
         run("fused", 1, 40.0, 38.0, 42.0), run("layerwise", 1, 20.0, 18.0, 22.0),
         run("fused", None, 10.0, 9.0, 12.0, kind="none"), run("layerwise", None, 11.0, 9.5, 12.5, kind="none"),
-        run("fused", 0.1, 400.0, 390.0, 410.0),
+        run("fused", 0.1, 400.0, 390.0, 410.0), run("fused", 0.1, 380.0, 370.0, 385.0, transport="nixl"),
         {**run("fused", None, 5.0, 4.0, 6.0, kind="none"), "run_dir": "elsewhere/sweep/0_fused"},  # not beside a link
     ])
     t = link_table(runs)
-    assert list(zip(t["link"], t["strategy"])) == [("same machine", "fused"), ("same machine", "layerwise"),
-                                                    ("1 Gbit/s", "layerwise"), ("1 Gbit/s", "fused"),
-                                                    ("0.1 Gbit/s", "fused")]
+    assert list(zip(t["link"], t["strategy"], t["transport"])) == [
+        ("same machine", "fused", "staged"), ("same machine", "layerwise", "staged"), ("1 Gbit/s", "layerwise", "gloo"),
+        ("1 Gbit/s", "fused", "gloo"), ("0.1 Gbit/s", "fused", "nixl"), ("0.1 Gbit/s", "fused", "gloo")]
     assert math.isinf(t.iloc[0]["link_rate"]) and t.iloc[2]["link_ceiling_gbit"] == 0.96
     assert winners(t) == [
-        "tiny-llama cpu 1024 tokens, same machine: fused 10.0 ms, within the noise of layerwise 11.0 ms",
-        "tiny-llama cpu 1024 tokens, 1 Gbit/s: layerwise 20.0 ms, ahead of fused 40.0 ms",
-        "tiny-llama cpu 1024 tokens, 0.1 Gbit/s: fused 400.0 ms"]
+        "tiny-llama cpu 1024 tokens, same machine: fused over staged 10.0 ms, within the noise of layerwise over "
+        "staged 11.0 ms",
+        "tiny-llama cpu 1024 tokens, 1 Gbit/s: layerwise over gloo 20.0 ms, ahead of fused over gloo 40.0 ms",
+        "tiny-llama cpu 1024 tokens, 0.1 Gbit/s: fused over nixl 380.0 ms, ahead of fused over gloo 400.0 ms"]
     # ranked by the time after the forward pass, whatever the TTFT overhead says
     flipped = link_table(runs.assign(ttft_overhead_ms_p50=runs["ttft_overhead_ms_p50"][::-1].to_numpy()))
     assert winners(flipped) == winners(t)
     md = to_markdown(t)
-    assert md.count("\n") == 6
-    assert "| 1024 | 1 Gbit/s | 0.96 | layerwise | +20.0 [18.0, 22.0] | 20.0 [18.0, 22.0] | 1.0 |" in md
+    assert md.count("\n") == 7
+    assert "| 1024 | 1 Gbit/s | 0.96 | layerwise | gloo | +20.0 [18.0, 22.0] | 20.0 [18.0, 22.0] | 1.0 |" in md
