@@ -111,11 +111,12 @@ def to_markdown(table: pd.DataFrame) -> str:
                 f"{f(r['ttft_overhead_ms_p50_hi'], '.1f')}]")
         after = (f"{f(r['after_forward_ms_p50'], '.1f')} [{f(r['after_forward_ms_p50_lo'], '.1f')}, "
                  f"{f(r['after_forward_ms_p50_hi'], '.1f')}]")
+        mb = r["bytes_p50"] / 1e6 if r["bytes_p50"] == r["bytes_p50"] else None
         lines.append("| " + " | ".join([
             str(int(r["prompt_len"])) if r["prompt_len"] == r["prompt_len"] else "-", r["link"],
             f(r["link_ceiling_gbit"]), r["strategy"], r["transport"], ttft, after,
-            f(r["prefill_ttft_overhead_ms_p50"], ".1f"), f(r["transfer_ms_p50"]), f(r["kv_ms_p50"]), f(r["bytes_p50"] / 1e6 if r["bytes_p50"] == r["bytes_p50"]
-                                                         else None), f(r["match_rate"]), str(r["status"])]) + " |")
+            f(r["prefill_ttft_overhead_ms_p50"], ".1f"), f(r["transfer_ms_p50"]), f(r["kv_ms_p50"]), f(mb),
+            f(r["match_rate"]), str(r["status"])]) + " |")
     return "\n".join(lines)
 
 
