@@ -11,7 +11,7 @@ and the cleanup it owes.
 
 The prefill worker sees the buffer as `tensor`, the space it builds payloads in, and calls
 `deliver` before a payload's doorbell: where `tensor` is the receiver's memory itself (shared
-memory, CUDA IPC) there is nothing left to do.
+memory, CUDA IPC: `delivers` False) there is nothing left to do.
 """
 
 from __future__ import annotations
@@ -51,6 +51,8 @@ def remove_leftover(port: int) -> None:
 
 
 class SharedMemoryStaging:
+    delivers = False
+
     def __init__(self, shm: shared_memory.SharedMemory):
         self._shm = shm
         self.tensor = torch.frombuffer(shm.buf, dtype=torch.uint8)
@@ -87,6 +89,8 @@ def _cuda_uuid(index: int) -> str:
 
 
 class CudaIpcStaging:
+    delivers = False
+
     def __init__(self, tensor: torch.Tensor, handle: tuple | None = None):
         self.tensor = tensor
         self.handle = handle

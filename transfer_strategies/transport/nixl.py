@@ -54,6 +54,8 @@ class NixlStaging:
 class NixlMirror:
     """The prefill worker's side: the mirror its payloads are built in, and the WRITE across."""
 
+    delivers = True  # a payload is in the receiver's memory only once deliver() returns
+
     def __init__(self, handle: tuple, device: torch.device):
         _, metadata, self._remote_addr, nbytes, self._remote_mem, self._remote_dev = handle
         self.agent = _agent("prefill")

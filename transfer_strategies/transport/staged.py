@@ -61,8 +61,11 @@ class StagedSender:
         self._error: BaseException | None = None
         self.last_written = None  # on a GPU: a CUDA event after the last payload written
         threading.Thread(target=self._guard(self._ack_loop), name="kv-ack", daemon=True).start()
-        if device.type == "cuda":
-            self._outbox: queue.Queue = queue.Queue()
+        # background sends ring from a thread where there is something to wait for: the GPU
+        # writing the payload, or its delivery into the receiver's memory (NIXL)
+        self._outbox: queue.Queue | None = None
+        if device.type == "cuda" or self.buffer.delivers:
+            self._outbox = queue.Queue()
             threading.Thread(target=self._guard(self._ring_loop), name="kv-ring", daemon=True).start()
 
     def alloc(self, nbytes: int) -> torch.Tensor:
@@ -100,9 +103,10 @@ class StagedSender:
     def send(self, transfer_id: str, index: int, count: int, payload: torch.Tensor, background: bool = False,
              **meta) -> int:
         """Post one message (its payload ideally built in `alloc`'s space) and return its size.
-        On a GPU the doorbell rings once the GPU has written the payload: here, after waiting for
-        that, or with background=True from a thread, so that a caller inside the forward pass
-        (saving layer by layer) keeps launching work. Handing over to the thread costs time."""
+        On a GPU the doorbell rings once the GPU has written the payload, and over NIXL once the
+        payload is in the receiver's memory: here, after waiting for that, or with
+        background=True from a thread, so that a caller inside the forward pass (saving layer by
+        layer) keeps launching work. Handing over to the thread costs time."""
         data = as_bytes(payload)
         region, offset = None, 0
         if data.numel():
@@ -111,20 +115,22 @@ class StagedSender:
                 data = self.staging[region:region + data.numel()].copy_(data)
             offset = data.data_ptr() - self.staging.data_ptr()
         bell = Doorbell(transfer_id, index, count, offset, data.numel(), region, 0.0, meta)
+        written = None
         if self.device.type == "cuda":
             written = torch.cuda.Event(enable_timing=True)
             written.record()  # on the stream that wrote the payload
             self.last_written = written
-            if background:
-                self._outbox.put((written, bell))
-                return data.numel()
+        if background and self._outbox is not None:
+            self._outbox.put((written, bell))
+            return data.numel()
+        if written is not None:
             written.synchronize()
         self._ring(bell)
         return data.numel()
 
     def flush(self) -> None:
         """Wait until every posted message has been announced to the receiver."""
-        if self.device.type == "cuda":
+        if self._outbox is not None:
             self._outbox.join()
         if self._error is not None:
             raise RuntimeError(f"KV channel failed: {self._error}")
@@ -210,7 +216,8 @@ class StagedSender:
         while True:
             written, bell = self._outbox.get()
             try:
-                written.synchronize()
+                if written is not None:
+                    written.synchronize()
                 self._ring(bell)
             except BaseException as e:
                 with self._cond:
