@@ -67,8 +67,8 @@ def test_the_connector_refuses_a_key_it_does_not_know_and_a_value_of_the_wrong_t
         ConnectorConfig.parse({"harnesss": {}})
     with pytest.raises(ContractError, match=r"harness\.verify must be true or false, got 1"):
         parse(HarnessSettings, {"verify": 1}, "harness")
-    with pytest.raises(ContractError, match=r"transport\.kind must be one of 'staged', 'gloo', got 'nixl'"):
-        parse(TransportSettings, {"kind": "nixl"}, "transport")
+    with pytest.raises(ContractError, match=r"transport\.kind must be one of 'staged', 'gloo', 'nixl', got 'ucx'"):
+        parse(TransportSettings, {"kind": "ucx"}, "transport")
     with pytest.raises(ContractError, match=r"transport\.staging_mb must be int or null, got 'big'"):
         parse(TransportSettings, {"staging_mb": "big"}, "transport")
     assert parse(HarnessSettings, {"timeout_s": 5}, "harness").timeout_s == 5.0  # an int passes for a float
