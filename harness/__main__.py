@@ -1,6 +1,7 @@
 """Entry point: python -m harness [overrides]. See conf/config.yaml."""
 
 import os
+import signal
 import sys
 
 # The harness process imports vLLM only to check the strategy; its log lines belong to the engines' logs.
@@ -17,11 +18,21 @@ from harness.records import PROJECT_ROOT
 resolvers.register()
 
 
+def _terminated(signum, frame):
+    # SIGTERM (a scheduler's, timeout's, kill's) ends a run as Ctrl-C does: engines stopped, the
+    # records so far kept, a link's namespaces removed (the default action would leave them); a
+    # second one ends the process at once
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 # An absolute path: relative ones resolve against the calling module, which for the console
 # script (disagg-harness) is a package, not this file
 @hydra.main(version_base="1.3", config_path=str(PROJECT_ROOT / "conf"), config_name="config")
 def main(cfg: DictConfig) -> int:
     from pathlib import Path
+
+    signal.signal(signal.SIGTERM, _terminated)
 
     if cfg.runner.name == "serve":
         from harness.serving.serve import run

@@ -3,6 +3,7 @@ class as `_target_`; `make_tracker` builds it for one run. wandb is imported onl
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -60,3 +61,16 @@ def make_tracker(cfg: DictConfig, run_dir: Path, run_id: str) -> NoTracking:
     # instantiate every `_target_` inside the config being logged)
     build = instantiate(cfg.tracking, _partial_=True)
     return build(run_dir=run_dir, run_id=run_id, config=OmegaConf.to_container(cfg, resolve=True))
+
+
+def track(cfg: DictConfig, run_dir: Path, run_id: str, summary: dict, rows: list[dict], failed: bool) -> None:
+    """Both runners' copy of a finished run to the tracker: config, summary, the per-request
+    table (runner=serve: every path's rows, told apart by `path`). Tracking never costs the
+    results already on disk: a failure is one warning."""
+    try:
+        tracker = make_tracker(cfg, run_dir, run_id)
+        tracker.log_summary(summary)
+        tracker.log_requests(rows)
+        tracker.finish(failed=failed)
+    except Exception as e:  # noqa: BLE001 - whatever the tracker raises
+        print(f"warning: tracking failed ({e}); results are in {run_dir}", file=sys.stderr)

@@ -3,15 +3,20 @@
 a strategy correct across it over gloo and NIXL, bad settings refused before anything is made, and nothing left
 behind. Needs root and iproute2 (tc): skipped where either is missing."""
 
+import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from harness.ceiling import link_ceiling_gbps
 from harness.link import IFNAME, PREFILL_IP, LinkError, LinkSpec, VethLink
-from tests.conftest import cells, run_harness
+from tests.conftest import ROOT, cells, run_harness
 from tests.helpers.runs import assert_bad_input
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("tc") is None or shutil.which("ip") is None,
@@ -73,3 +78,29 @@ def test_kv_crosses_a_shaped_link_bit_for_bit(tmp_path, transport):
     rates = [r["bytes"] / r["transfer_ms"] / 1e6 for r in run.jsonl("requests.jsonl")]
     assert len(rates) == 4 and max(rates) < 1.5 * s["link_ceiling_gbps"], rates
     assert namespaces() == before  # the link's namespaces, veth pair and qdiscs went with the run
+
+
+@needs_root
+@pytest.mark.engine
+def test_a_run_terminated_while_its_engines_start_removes_its_link(tmp_path):
+    """SIGTERM (a scheduler's, timeout's) ends a run as Ctrl-C does: exit 130, status interrupted,
+    engines stopped, the link's namespaces gone (the default action left them behind)."""
+    before = namespaces()
+    cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={tmp_path}", "device=cpu", "link=veth", "link.rate_gbit=1",
+           "transport=gloo"]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "engines.json").exists() and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert namespaces() > before and p.poll() is None  # the link is up, its engines starting
+        p.send_signal(signal.SIGTERM)
+        out, _ = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, out[-3000:]
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
+    pids = list(json.loads((tmp_path / "engines.json").read_text()).values())
+    assert pids and not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert namespaces() == before

@@ -194,9 +194,11 @@ README_SERVE = ("runner=serve", "strategy=fused", "serve.request_rate=8", "serve
 @pytest.mark.engine
 def test_the_serving_runner_checks_every_request_under_load(results_dir):
     """The README's example: instances, routers, the same schedule on both paths, every output
-    and digest checked, cancelled requests leave no KV held, records the loader reads."""
+    and digest checked, cancelled requests leave no KV held, records the loader reads; logged to
+    wandb (offline) as an offline run is: its summary, every path's rows."""
     shm_before = set(os.listdir("/dev/shm"))
-    run = run_harness(results_dir / "serve-run", *README_SERVE)
+    run = run_harness(results_dir / "serve-run", *README_SERVE, "tracking=wandb", "tracking.project=test",
+                      env={"WANDB_SILENT": "true"})
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
     assert s["status"] == "ok" and s["runner"] == "serve" and s["request_rate"] == 8.0
@@ -219,6 +221,10 @@ def test_the_serving_runner_checks_every_request_under_load(results_dir):
     assert set(servers) == {"baseline", "prefill", "decode", "baseline_router", "router"}
     assert set(os.listdir("/dev/shm")) - shm_before == set()  # no segment left behind
     assert not any(group_alive(v["pid"]) for v in servers.values())
+    (logged,) = (run.run_dir / "wandb").glob("offline-run-*/files/media/table/requests_*.table.json")
+    table = json.loads(logged.read_text())
+    paths = [row[table["columns"].index("path")] for row in table["data"]]
+    assert sorted(set(paths)) == ["baseline", "baseline_repeat", "disagg"] and len(paths) == 36
 
 
 @pytest.mark.engine

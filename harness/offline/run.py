@@ -25,7 +25,7 @@ from harness.offline.deployment import OfflineDeployment
 from harness.offline.engine_pool import POOL
 from harness.offline.rows import RunRows
 from harness.records import JsonlWriter, ended_early, format_table, run_summary, summarize, versions, write_json
-from harness.tracking import make_tracker
+from harness.tracking import track
 from harness.verdict import judge
 from harness.workload import Workload, WorkloadError, warmup_workload
 
@@ -198,10 +198,4 @@ def record(cfg: DictConfig, run_dir: Path, run_id: str, summary: dict, rows: lis
     write_json(run_dir / "summary.json", summary)
     if rows:
         print(format_table(rows, summary))
-    try:
-        tracker = make_tracker(cfg, run_dir, run_id)
-        tracker.log_summary(summary)
-        tracker.log_requests(rows)
-        tracker.finish(failed=code != 0)
-    except Exception as e:  # noqa: BLE001 - tracking must never cost the results already on disk
-        print(f"warning: tracking failed ({e}); results are in {run_dir}", file=sys.stderr)
+    track(cfg, run_dir, run_id, summary, rows, failed=code != 0)

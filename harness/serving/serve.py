@@ -41,13 +41,14 @@ from harness.accuracy import codec_fields, task_score
 from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.compare import compare_outputs
 from harness.engine_config import pulls
-from harness.records import JsonlWriter, ended_early, versions, write_json
+from harness.records import JsonlWriter, ended_early, read_jsonl, versions, write_json
 from harness.schema import ServeRow
 from harness.serving.arrivals import build as build_arrivals
 from harness.serving.deployment import ServingDeployment
 from harness.serving.instances import InstanceDied
 from harness.serving.load import ClientResult, LoadError, LoadSpec, ScheduledRequest, arrival_schedule, send_all
 from harness.serving.serve_summary import format_serve_summary, serve_summary
+from harness.tracking import track
 from harness.transfers import TransferStats, compute_fields
 from harness.workload import Prompt, Workload, WorkloadError, warmup_workload
 
@@ -315,6 +316,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             print(f"error: {error}", file=sys.stderr)
     write_json(run_dir / "summary.json", summary)
     print(format_serve_summary(summary))
+    rows = read_jsonl(run_dir / "requests.jsonl") + read_jsonl(run_dir / "baseline.jsonl")
+    track(cfg, run_dir, run_id, summary, rows, failed=code != 0)
     print(f"[harness] {status}: wall {timings['total_s']:.1f} s (start-up "
           f"{timings.get('startup_s', math.nan):.1f} s); results in {run_dir}", flush=True)
     return code

@@ -13,17 +13,25 @@ receiver's buffer; a payload built there crosses to the same offset in the recei
 UCX picks its own path: within one machine shared memory (cross-memory attach), whatever
 network namespace each engine is in. To cross a link, the engines' environment names it
 (harness/engine_config.py sets UCX_TLS=tcp and UCX_NET_DEVICES=<transport.ifname>).
+
+Progress: NIXL's own progress thread polls without pause, a whole core per agent (on the 2-core
+machine two of them slowed every engine: the time after the forward pass went from 23 to 49 ms
+on the same machine). So neither side starts it: the sender progresses its writes while it waits
+for them, and the receiver, whose UCX must progress for a write over TCP to land, from a thread
+that polls every PROGRESS_S.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
 
 import torch
 
 BACKEND = "UCX"
+PROGRESS_S = 100e-6  # the receiver's polls: a write over TCP lands at most this late
 _names = itertools.count()
 
 
@@ -31,7 +39,8 @@ def _agent(role: str):
     from nixl._api import nixl_agent, nixl_agent_config
 
     # names are unique between the engines of a machine: a sender meets one receiver under its name
-    return nixl_agent(f"kv-{role}-{os.getpid()}-{next(_names)}", nixl_agent_config(backends=[BACKEND]))
+    return nixl_agent(f"kv-{role}-{os.getpid()}-{next(_names)}",
+                      nixl_agent_config(enable_prog_thread=False, backends=[BACKEND]))
 
 
 def _where(t: torch.Tensor) -> tuple[str, int]:
@@ -47,6 +56,12 @@ class NixlStaging:
         self._registered = self.agent.register_memory(self.tensor)
         mem, dev = _where(self.tensor)
         self.handle = ("nixl", self.agent.get_agent_metadata(), self.tensor.data_ptr(), nbytes, mem, dev)
+        threading.Thread(target=self._progress, name="kv-nixl-progress", daemon=True).start()
+
+    def _progress(self) -> None:
+        while True:  # the only caller of this agent from here on
+            self.agent.get_new_notifs()  # progresses UCX (incoming writes) without a progress thread
+            time.sleep(PROGRESS_S)
 
     def mapped_by_both(self) -> None:
         return None
@@ -63,27 +78,30 @@ class NixlMirror:
         self._registered = self.agent.register_memory(self.tensor)
         self._mem, self._dev = _where(self.tensor)
         self.peer = self.agent.add_remote_agent(metadata)
+        self._lock = threading.Lock()  # one caller at a time: the worker's and the channel's ring thread
 
     def deliver(self, offset: int, nbytes: int, timeout_s: float) -> None:
         """Write bytes [offset, offset + nbytes) of the mirror to the same place in the decode
         worker's buffer; returns once they are there (NIXL's DONE: the write is complete at the
         target). On a GPU the payload must be written (its event waited for) first."""
-        local = self.agent.get_xfer_descs([(self.tensor.data_ptr() + offset, nbytes, self._dev)], self._mem)
-        remote = self.agent.get_xfer_descs([(self._remote_addr + offset, nbytes, self._remote_dev)], self._remote_mem)
-        handle = self.agent.initialize_xfer("WRITE", local, remote, self.peer)
-        try:
-            state, deadline, polls = self.agent.transfer(handle), time.monotonic() + timeout_s, 0
-            while state != "DONE":
-                if state == "ERR":
-                    raise RuntimeError(f"NIXL write of {nbytes} bytes to the decode worker failed")
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"a NIXL write of {nbytes} bytes took over {timeout_s:.0f} s")
-                polls += 1
-                if polls > 100:  # past the first ~100 us, leave the cores to the engines between polls
-                    time.sleep(50e-6)
-                state = self.agent.check_xfer_state(handle)
-        finally:
-            self.agent.release_xfer_handle(handle)
+        with self._lock:
+            local = self.agent.get_xfer_descs([(self.tensor.data_ptr() + offset, nbytes, self._dev)], self._mem)
+            remote = self.agent.get_xfer_descs([(self._remote_addr + offset, nbytes, self._remote_dev)],
+                                               self._remote_mem)
+            handle = self.agent.initialize_xfer("WRITE", local, remote, self.peer)
+            try:
+                state, deadline, polls = self.agent.transfer(handle), time.monotonic() + timeout_s, 0
+                while state != "DONE":  # each check progresses the write
+                    if state == "ERR":
+                        raise RuntimeError(f"NIXL write of {nbytes} bytes to the decode worker failed")
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"a NIXL write of {nbytes} bytes took over {timeout_s:.0f} s")
+                    polls += 1
+                    if polls > 100:  # past the first ~100 us, leave the cores to the engines between polls
+                        time.sleep(50e-6)
+                    state = self.agent.check_xfer_state(handle)
+            finally:
+                self.agent.release_xfer_handle(handle)
 
     def mapped_by_both(self) -> None:
         return None
