@@ -190,6 +190,10 @@ class ServeRow:
     # X-KV-Fault header), and "client" where the client abandoned it at a random time (scenario.aborts)
     fault: str | None = None
     aborted: str | None = None
+    # the client got its tokens in bursts (from version 14): more than half of the gaps between
+    # them under serve.coalesced_gap_ms (serve_summary.coalesced); its tpot_ms and itl_ms are then
+    # when tokens reached the client, not when the engine made them (None: fewer than 2 tokens)
+    coalesced: bool | None = None
     # P/D path, a lossy strategy's (from version 12): as in RequestRow
     codec: str | None = None
     codec_encode_ms: float | None = None

@@ -159,7 +159,38 @@ def test_each_arrival_pattern_is_its_yaml_and_its_function():
         pytest.approx(before.tolist(), rel=1e-12)
 
 
+def test_a_stream_that_came_in_bursts_is_flagged_and_counted():
+    """vLLM merges a request's streamed outputs while its API server is behind: a stream whose
+    tokens arrived together is flagged (ServeRow.coalesced), counted per path, and the summary
+    says what that does to its TPOT and ITL."""
+    from harness.serving.load import ClientResult
+    from harness.serving.serve import row
+    from harness.serving.serve_summary import format_serve_summary
+    from harness.workload import Prompt
+    from tests.helpers.serving import serve_summary_of
+
+    cfg = config("runner=serve")
+
+    def client(i, gaps_ms):
+        times = [0.010 + sum(gaps_ms[:k]) / 1e3 for k in range(len(gaps_ms) + 1)]
+        return ClientResult(i, i, 8, 0.0, 0.0, t_first=times[0], t_done=times[-1], token_times=times,
+                            token_ids=list(range(len(times))), logprobs=[0.0] * len(times))
+
+    def made(path, i, gaps_ms):
+        return row(cfg, "r", "cpu", path, client(i, gaps_ms), Prompt(i, [1] * 8), None, None, 4.0)
+
+    burst = made("baseline", 0, [0.01] * 12 + [9.0] * 3)  # most tokens in one flush: the 2-core machine's case
+    steady = made("disagg", 0, [9.0, 0.01, 8.5, 9.5])  # one merged pair among steps
+    assert burst["coalesced"] is True and burst["tpot_ms"] < 3 and steady["coalesced"] is False
+    assert made("disagg", 1, [])["coalesced"] is None  # one token: no gaps to judge
+    s = serve_summary_of([steady, burst, {**burst, "path": "baseline_repeat"}])
+    assert s["coalesced"] == 0 and s["base_coalesced"] == 1 and s["coalesced_gap_ms"] == 0.5
+    assert "streams coalesced (over half of a request's token gaps under 0.5 ms): P/D 0 of 1, baseline 1 of 1" \
+        in format_serve_summary(s)
+
+
 @pytest.mark.parametrize("override,message", [
+    ("serve.coalesced_gap_ms=0", "serve.coalesced_gap_ms must be a number > 0"),
     ("serve.request_rate=0", "serve.request_rate must be > 0"),
     ("serve.max_concurrency=0", "serve.max_concurrency must be >= 1"),
     ("arrivals=gamma arrivals.burstiness=0", "arrivals: arrivals.burstiness must be > 0, got 0"),

@@ -47,7 +47,7 @@ from harness.serving.arrivals import build as build_arrivals
 from harness.serving.deployment import ServingDeployment
 from harness.serving.instances import InstanceDied
 from harness.serving.load import ClientResult, LoadError, LoadSpec, ScheduledRequest, arrival_schedule, send_all
-from harness.serving.serve_summary import format_serve_summary, serve_summary
+from harness.serving.serve_summary import coalesced, format_serve_summary, serve_summary
 from harness.tracking import track
 from harness.transfers import TransferStats, compute_fields
 from harness.workload import Prompt, Workload, WorkloadError, warmup_workload
@@ -66,6 +66,9 @@ def check_serve_inputs(cfg: DictConfig) -> None:
         v = cfg.slo.get(key)
         if v is not None and not v > 0:
             raise LoadError(f"slo.{key} must be > 0 (null: no limit), got {v}")
+    gap = cfg.serve.coalesced_gap_ms
+    if isinstance(gap, bool) or not isinstance(gap, int | float) or not gap > 0:
+        raise LoadError(f"serve.coalesced_gap_ms must be a number > 0, got {gap!r}")
     for side in ("baseline", "prefill", "decode"):
         n = cfg.serve[f"{side}_instances"]
         if not isinstance(n, int) or isinstance(n, bool) or n < 1:
@@ -147,6 +150,7 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, ba
     e2e = r.t_done * 1e3 if ok else None
     tpot = (e2e - ttft) / (len(r.token_ids) - 1) if ok and len(r.token_ids) > 1 else None
     itl = [(b - a) * 1e3 for a, b in zip(r.token_times, r.token_times[1:])]
+    bursts = coalesced(itl, cfg.serve.coalesced_gap_ms) if ok else None
     meets = None
     if ok:
         meets = all(limit is None or value is not None and value <= limit
@@ -169,7 +173,7 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, ba
         output_len=len(r.token_ids), conversation=p.conversation, turn=p.turn, status=r.status, error=r.error,
         request_rate=rate, arrival_s=r.arrival_s,
         sent_s=r.t_sent, ttft_ms=ttft, prefill_ttft_ms=ms(r.t_prefill_token), decode_ttft_ms=ms(r.t_decode_token),
-        tpot_ms=tpot, e2e_ms=e2e, itl_ms=itl, meets_slo=meets,
+        tpot_ms=tpot, e2e_ms=e2e, itl_ms=itl, coalesced=bursts, meets_slo=meets,
         match=cmp.match if cmp else None, first_divergence=cmp.first_divergence if cmp else None,
         max_logprob_diff=cmp.max_logprob_diff if cmp else None, near_tie=cmp.near_tie if cmp else None,
         transfer_id=r.transfer_id,
