@@ -26,7 +26,7 @@ from harness.records import read_jsonl
 from harness.results import load_requests, load_runs
 from harness.serving import arrivals
 from harness.serving.instances import InstanceDied, ServerProcess, serve_command
-from harness.serving.load import TIMED_OUT, LoadSpec, arrival_schedule
+from harness.serving.load import TIMED_OUT, LoadError, LoadSpec, arrival_schedule
 from harness.serving.router import Pool, Router
 from tests.conftest import FULL, SLOW, refused_in_process, run_harness
 from tests.helpers.serving import config
@@ -135,6 +135,27 @@ def test_arrivals_have_the_requested_rate_and_burstiness_and_repeat_with_their_s
     assert 10 < len(timed) < 35 and timed[-1].arrival_s < 2.0
     cancelled = sum(r.cancel for r in arrival_schedule(spec(cancel_fraction=0.25), prompts))
     assert 60 < cancelled < 140
+
+
+def test_a_ramp_up_moves_the_rate_from_start_to_end_as_vllm_bench_serve_does():
+    prompts = [[1, 2]]
+    linear = arrival_schedule(spec(arrivals=arrivals.constant, num_requests=5, ramp_up="linear",
+                                   ramp_up_start_rps=1, ramp_up_end_rps=9), prompts)
+    # request i's rate at progress i / 4: 1, 3, 5, 7, 9 req/s; each gap at its request's rate
+    assert [r.arrival_s for r in linear] == pytest.approx([0.0, 1 / 3, 1 / 3 + 1 / 5, 1 / 3 + 1 / 5 + 1 / 7,
+                                                           1 / 3 + 1 / 5 + 1 / 7 + 1 / 9])
+    expo = spec(num_requests=3, ramp_up="exponential", ramp_up_start_rps=1, ramp_up_end_rps=16)
+    assert [expo.rate_at(i) for i in range(3)] == pytest.approx([1, 4, 16])
+    poisson = np.diff([r.arrival_s for r in arrival_schedule(spec(num_requests=2000, ramp_up="linear",
+                                                                  ramp_up_start_rps=2, ramp_up_end_rps=20), prompts)])
+    assert 1 / poisson[:100].mean() == pytest.approx(2.5, rel=0.25)  # the first 5%: about 2-3 req/s
+    assert 1 / poisson[-100:].mean() == pytest.approx(19.5, rel=0.25)
+    for bad, message in ((dict(ramp_up="steps"), "serve.ramp_up must be linear, exponential or null"),
+                         (dict(ramp_up="linear", ramp_up_start_rps=0, ramp_up_end_rps=4), "ramp_up_start_rps > 0"),
+                         (dict(ramp_up="linear", ramp_up_start_rps=1, ramp_up_end_rps=4, num_requests=None,
+                               duration_s=5.0), "rate over serve.num_requests")):
+        with pytest.raises(LoadError, match=message):
+            arrival_schedule(spec(**bad), prompts)
 
 
 def test_each_arrival_pattern_is_its_yaml_and_its_function():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import time
@@ -46,8 +47,30 @@ class LoadSpec:
     max_concurrency: int | None = None
     seed: int = 0
     cancel_fraction: float = 0.0  # of requests the client abandons right after their first token
+    # a rate that moves from start to end over the requests, as `vllm bench serve --ramp-up-strategy`
+    # (linear | exponential; request i at progress i / (n - 1)); request_rate is then not used
+    ramp_up: str | None = None
+    ramp_up_start_rps: float | None = None
+    ramp_up_end_rps: float | None = None
+
+    def rate_at(self, i: int) -> float:
+        """The rate request i arrives at: request_rate, or the ramp's at its place."""
+        if self.ramp_up is None:
+            return self.request_rate
+        start, end = self.ramp_up_start_rps, self.ramp_up_end_rps
+        progress = i / max(self.num_requests - 1, 1)
+        return start + (end - start) * progress if self.ramp_up == "linear" else start * (end / start) ** progress
 
     def check(self) -> None:
+        if self.ramp_up is not None:
+            if self.ramp_up not in ("linear", "exponential"):
+                raise LoadError(f"serve.ramp_up must be linear, exponential or null, got {self.ramp_up!r}")
+            for name in ("ramp_up_start_rps", "ramp_up_end_rps"):
+                v = getattr(self, name)
+                if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v < math.inf:
+                    raise LoadError(f"serve.ramp_up={self.ramp_up} needs serve.{name} > 0 and finite, got {v!r}")
+            if self.num_requests is None:
+                raise LoadError("serve.ramp_up moves the rate over serve.num_requests: give it (not duration_s)")
         if not self.request_rate > 0:
             raise LoadError(f"serve.request_rate must be > 0 (inf: all at once), got {self.request_rate}")
         try:  # the pattern's own parameters: its first gap
@@ -86,8 +109,12 @@ def arrival_schedule(spec: LoadSpec, prompts: list[list[int]]) -> list[Scheduled
     """Request i sends prompt i mod len(prompts) at its arrival time; seeded, so the baseline and
     the P/D path get the same schedule."""
     spec.check()
-    gaps = None if math.isinf(spec.request_rate) else spec.arrivals(spec.request_rate,
-                                                                     np.random.default_rng(spec.seed))
+    rng = np.random.default_rng(spec.seed)
+    if spec.ramp_up is not None:  # the pattern's gaps at 1 req/s, each scaled to its request's rate
+        unit = spec.arrivals(1.0, rng)
+        gaps = (next(unit) / spec.rate_at(i) for i in itertools.count(1))
+    else:
+        gaps = None if math.isinf(spec.request_rate) else spec.arrivals(spec.request_rate, rng)
 
     def gap() -> float:
         return 0.0 if gaps is None else next(gaps)

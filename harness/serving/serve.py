@@ -57,7 +57,8 @@ def load_spec(cfg: DictConfig) -> LoadSpec:
     s = cfg.serve
     return LoadSpec(request_rate=float(s.request_rate), arrivals=build_arrivals(cfg.arrivals),
                     num_requests=s.num_requests, duration_s=s.duration_s, max_concurrency=s.max_concurrency,
-                    seed=s.seed, cancel_fraction=float(s.cancel_fraction))
+                    seed=s.seed, cancel_fraction=float(s.cancel_fraction), ramp_up=s.ramp_up,
+                    ramp_up_start_rps=s.ramp_up_start_rps, ramp_up_end_rps=s.ramp_up_end_rps)
 
 
 def check_serve_inputs(cfg: DictConfig) -> None:
@@ -247,7 +248,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     tag = uuid.uuid4().hex[:6]
     base_out, req_out = JsonlWriter(run_dir / "baseline.jsonl"), JsonlWriter(run_dir / "requests.jsonl")
     stats = None if deployment.external else TransferStats(*deployment.stats_paths)
-    rate = spec.request_rate
+    rate = (f"{spec.request_rate} req/s" if spec.ramp_up is None else
+            f"{spec.ramp_up_start_rps} to {spec.ramp_up_end_rps} req/s ({spec.ramp_up} ramp-up)")
     model = served_model(cfg)
 
     def load(path: str, url: str, reqs, on_result=None, timeout_s=cfg.run.request_timeout_s):
@@ -258,7 +260,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                                     turn_ids=lambda req: workload.prompts[req.prompt_idx].token_ids))
 
     try:
-        print(f"[harness] {run_id}: serving {len(schedule)} requests at {rate} req/s ({cfg.arrivals.name}), "
+        print(f"[harness] {run_id}: serving {len(schedule)} requests at {rate} ({cfg.arrivals.name}), "
               f"strategy={cfg.strategy.name}, model={cfg.model.name}, device={device}; logs in {run_dir}", flush=True)
         t0 = time.monotonic()
         deployment.start(cfg.run.startup_timeout_s)
@@ -285,7 +287,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             writer = RowWriter(req_out if path == "disagg" else base_out,
                                lambda r, path=path, p_stats=p_stats, base=base: row(
                                    cfg, run_id, device, path, r, workload.prompts[r.prompt_idx],
-                                   None if path == "baseline" else base.get(r.index), p_stats, rate), p_stats)
+                                   None if path == "baseline" else base.get(r.index), p_stats,
+                                   spec.rate_at(r.index)), p_stats)
 
             def on_result(r: ClientResult, path=path, put=writer.put) -> None:
                 if path == "baseline" and r.status == "ok":  # a conversation's next turn continues this answer

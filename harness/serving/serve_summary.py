@@ -101,6 +101,9 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
                  "run_id": run_id, "strategy": cfg.strategy.name, "model": cfg.model.name,
                  "workload": cfg.workload.name, "device": device, "external_endpoints": external,
                  "request_rate": float(cfg.serve.request_rate), "arrivals": cfg.arrivals.name,
+                 "ramp_up": None if cfg.serve.ramp_up is None else {
+                     "strategy": cfg.serve.ramp_up, "start_rps": cfg.serve.ramp_up_start_rps,
+                     "end_rps": cfg.serve.ramp_up_end_rps},
                  "max_concurrency": cfg.serve.max_concurrency,
                  "slo": {"ttft_ms": cfg.slo.ttft_ms, "tpot_ms": cfg.slo.tpot_ms},
                  "kv_cache_dtype": stored_kv_dtype(cfg), "coalesced_gap_ms": cfg.serve.coalesced_gap_ms}
@@ -169,7 +172,9 @@ def format_serve_summary(s: dict) -> str:
     f = format_value
     return "\n".join([
         format_table(rows, SUMMARY_COLUMNS), "",
-        f"requested {f(s.get('request_rate'), '.2f')} req/s ({s.get('arrivals')}); SLOs {s.get('slo')}",
+        (f"requested {f(s.get('request_rate'), '.2f')} req/s" if not s.get("ramp_up") else
+         f"requested a {s['ramp_up']['strategy']} ramp from {s['ramp_up']['start_rps']} to "
+         f"{s['ramp_up']['end_rps']} req/s") + f" ({s.get('arrivals')}); SLOs {s.get('slo')}",
         f"P/D TTFT p50 {f(s.get('ttft_ms_p50'), '.1f')} ms at the client; at the router: the prefill's answer "
         f"{f(s.get('prefill_ttft_ms_p50'), '.1f')}, the decode's first token {f(s.get('decode_ttft_ms_p50'), '.1f')}",
         f"outputs: P/D matches the baseline {f(s.get('match_rate'), '.3f')} "
