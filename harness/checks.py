@@ -379,6 +379,9 @@ def checked_inputs(cfg: DictConfig) -> tuple[str, Workload]:
         raise ConfigError(f"{e.full_key} has no value (??? in conf/): give it on the command line, "
                           f"{e.full_key}=...") from None
     workload.check_fits(cfg.engine.max_model_len, cfg.sampling.max_tokens)
+    if cfg.runner.name != "serve" and any(p.arrival_s is not None for p in workload.prompts):
+        raise ConfigError(f"workload {workload.name!r} replays its arrival times and output lengths: run it with "
+                          f"runner=serve")
     if cfg.strategy.get("min_prompt_blocks"):
         workload.check_min_prompt_len(
             cfg.strategy.min_prompt_blocks * cfg.engine.block_size + 2, f"strategy {cfg.strategy.name!r}",

@@ -30,6 +30,9 @@ class Prompt:
     follows: int | None = None
     # workload=corpus: the text's own continuation of the prompt (harness/accuracy.py task_score)
     reference: list[int] | None = None
+    # workload=trace: when the trace sent it (s from its first request) and its output length
+    arrival_s: float | None = None
+    max_tokens: int | None = None
 
 
 @dataclass
@@ -46,11 +49,13 @@ class Workload:
         for p in self.prompts:
             if not p.token_ids:
                 raise WorkloadError(f"prompt {p.index} of workload {self.name!r} is empty")
-            if len(p.token_ids) + max_tokens > max_model_len:
+            out = p.max_tokens or max_tokens
+            if len(p.token_ids) + out > max_model_len:
+                limit = (f"its output length {out}" if p.max_tokens else f"sampling.max_tokens={max_tokens}")
                 raise WorkloadError(
                     f"prompt {p.index} of workload {self.name!r} has {len(p.token_ids)} tokens; with "
-                    f"sampling.max_tokens={max_tokens} it needs engine.max_model_len >= "
-                    f"{len(p.token_ids) + max_tokens} (now {max_model_len}). Raise engine.max_model_len "
+                    f"{limit} it needs engine.max_model_len >= "
+                    f"{len(p.token_ids) + out} (now {max_model_len}). Raise engine.max_model_len "
                     f"(within the model's context) or shorten the prompt.")
 
     def check_min_prompt_len(self, min_len: int, needed_by: str, why: str) -> None:
@@ -222,6 +227,53 @@ def multiturn(name: str, num_conversations: int, turns: int, first_user_len: int
             prompts.append(Prompt(i, list(user_ids[i]) if t == 0 else [], conversation=c, turn=t,
                                   follows=None if t == 0 else i - 1))
     return Conversations(name, prompts, concurrency, user_ids=user_ids, answer_len=answer_len)
+
+
+def trace(name: str, path: str, tokenizer, block_tokens: int = 512, time_scale: float = 1.0,
+          max_requests: int | None = None, seed: int = 0, concurrency: int = 1) -> Workload:
+    """A timestamped request trace in the Mooncake format, replayed by runner=serve: one JSON object
+    a line with `timestamp` (ms), `input_length`, `output_length` and `hash_ids`, each hash id one
+    block of `block_tokens` tokens that every request naming it shares (a prefix served before).
+    A hash id's block is seeded random token ids (the same id, the same tokens), the prompt its
+    blocks in order cut to input_length (any tokens past the blocks its own); it arrives at its
+    timestamp times time_scale (0.5: twice as fast) and asks for output_length tokens."""
+    file = Path(path)
+    if not file.is_file():
+        raise WorkloadError(f"workload.path={path!r}: no such trace file")
+    if block_tokens < 1 or not time_scale > 0:
+        raise WorkloadError(f"workload.block_tokens must be >= 1 and workload.time_scale > 0, got {block_tokens} "
+                            f"and {time_scale}")
+    vocab = synthetic_vocab(tokenizer)
+
+    def block(key: str) -> list[int]:
+        rng = random.Random(f"{seed}-{key}")
+        return [rng.choice(vocab) for _ in range(block_tokens)]
+
+    blocks: dict[int, list[int]] = {}
+    lines = [line for line in file.read_text().splitlines() if line.strip()][:max_requests]
+    prompts, start = [], None
+    for n, line in enumerate(lines, 1):
+        try:
+            r = json.loads(line)
+            t, n_in, n_out, ids = (float(r["timestamp"]), int(r["input_length"]), int(r["output_length"]),
+                                   [int(h) for h in r.get("hash_ids", [])])
+        except (ValueError, KeyError, TypeError) as e:
+            raise WorkloadError(f"{path} line {n}: not a trace request (timestamp, input_length, output_length, "
+                                f"hash_ids): {e}") from None
+        if n_in < 1 or n_out < 1:
+            raise WorkloadError(f"{path} line {n}: input_length and output_length must be >= 1")
+        start = t if start is None else start
+        if t < start:
+            raise WorkloadError(f"{path} line {n}: timestamps must not go back ({t} after {start})")
+        tokens = [tok for h in ids for tok in blocks.setdefault(h, block(str(h)))]
+        k = 0
+        while len(tokens) < n_in:  # past the hash ids: this request's own
+            tokens += block(f"request-{n}-{k}")
+            k += 1
+        prompts.append(Prompt(n - 1, tokens[:n_in], arrival_s=(t - start) / 1e3 * time_scale, max_tokens=n_out))
+    if not prompts:
+        raise WorkloadError(f"{path}: no requests")
+    return Workload(name, prompts, concurrency)
 
 
 def jsonl(name: str, path: str, tokenizer, field: str = "prompt", concurrency: int = 1) -> Workload:

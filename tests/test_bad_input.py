@@ -150,6 +150,8 @@ def test_vllm_example_with_a_prompt_under_one_block(tmp_path):
     (["strategy=fused_fp8", "strategy.params.scale=layer"], ["strategy.params.scale must be one of 'block', 'token'"]),
     (["strategy=fused_int4", "strategy.params.channels=-2"], ["strategy.params.channels must be >= 0"]),
     (["transport.kind=bogus"], ["transport.kind must be one of 'staged', 'gloo', 'nixl'", "'bogus'"]),
+    (["workload=trace", f"workload.path={ROOT / 'tests' / 'data' / 'trace.jsonl'}"],
+     ["workload 'trace' replays its arrival times and output lengths", "runner=serve"]),
 ])
 def test_settings_that_moved_or_do_not_apply(tmp_path, overrides, words):
     assert_bad_input(refused_in_process(tmp_path / "r", *overrides), *words)

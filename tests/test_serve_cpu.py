@@ -150,10 +150,10 @@ def test_a_ramp_up_moves_the_rate_from_start_to_end_as_vllm_bench_serve_does():
                                                                   ramp_up_start_rps=2, ramp_up_end_rps=20), prompts)])
     assert 1 / poisson[:100].mean() == pytest.approx(2.5, rel=0.25)  # the first 5%: about 2-3 req/s
     assert 1 / poisson[-100:].mean() == pytest.approx(19.5, rel=0.25)
-    for bad, message in ((dict(ramp_up="steps"), "serve.ramp_up must be linear, exponential or null"),
-                         (dict(ramp_up="linear", ramp_up_start_rps=0, ramp_up_end_rps=4), "ramp_up_start_rps > 0"),
-                         (dict(ramp_up="linear", ramp_up_start_rps=1, ramp_up_end_rps=4, num_requests=None,
-                               duration_s=5.0), "rate over serve.num_requests")):
+    for bad, message in (({"ramp_up": "steps"}, "serve.ramp_up must be linear, exponential or null"),
+                         ({"ramp_up": "linear", "ramp_up_start_rps": 0, "ramp_up_end_rps": 4}, "ramp_up_start_rps > 0"),
+                         ({"ramp_up": "linear", "ramp_up_start_rps": 1, "ramp_up_end_rps": 4, "num_requests": None,
+                           "duration_s": 5.0}, "rate over serve.num_requests")):
         with pytest.raises(LoadError, match=message):
             arrival_schedule(spec(**bad), prompts)
 

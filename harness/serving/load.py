@@ -103,6 +103,7 @@ class ScheduledRequest:
     follows: int | None = None
     fault: dict | None = None  # a scenario's transport fault for its transfer (harness/scenario.py fault_for)
     abort_after_s: float | None = None  # a scenario's abort: the client goes away this long after sending
+    max_tokens: int | None = None  # its own output length (a trace's); None: send_all's
 
 
 def arrival_schedule(spec: LoadSpec, prompts: list[list[int]]) -> list[ScheduledRequest]:
@@ -268,8 +269,8 @@ async def send_all(url: str, model: str, schedule: list[ScheduledRequest], *, ma
                                status="failed", error=NO_PREVIOUS_ANSWER)
         else:
             async with limit or contextlib.nullcontext():
-                res = await send_one(session, url, model, req, max_tokens, f"{id_prefix}-{req.index}", t_start,
-                                     logprobs)
+                res = await send_one(session, url, model, req, req.max_tokens or max_tokens,
+                                     f"{id_prefix}-{req.index}", t_start, logprobs)
         results.append(res)
         if on_result is not None:
             on_result(res)

@@ -34,6 +34,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from harness import scenario
@@ -101,6 +102,10 @@ def request_schedule(spec: LoadSpec, workload: Workload) -> list[ScheduledReques
     """The arrival schedule of the workload's prompts. A multi-turn workload's arrivals are its
     conversations (their first turns, used in order as prompts are), each followed by its later
     turns, due at the conversation's arrival but each sent once the previous turn has ended."""
+    if workload.prompts[0].arrival_s is not None:  # a trace: its own arrivals and output lengths
+        cancels = np.random.default_rng(spec.seed + 1).random(len(workload.prompts)) < spec.cancel_fraction
+        return [ScheduledRequest(i, p.index, list(p.token_ids), p.arrival_s, bool(c), max_tokens=p.max_tokens)
+                for i, (p, c) in enumerate(zip(workload.prompts, cancels, strict=True))]
     firsts = [p for p in workload.prompts if p.follows is None]
     arrivals = arrival_schedule(spec, [p.token_ids for p in firsts])
     if len(firsts) == len(workload.prompts):
@@ -250,6 +255,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     stats = None if deployment.external else TransferStats(*deployment.stats_paths)
     rate = (f"{spec.request_rate} req/s" if spec.ramp_up is None else
             f"{spec.ramp_up_start_rps} to {spec.ramp_up_end_rps} req/s ({spec.ramp_up} ramp-up)")
+    if workload.prompts[0].arrival_s is not None:
+        rate = f"the trace's times ({cfg.workload.path}, time scale {cfg.workload.time_scale})"
     model = served_model(cfg)
 
     def load(path: str, url: str, reqs, on_result=None, timeout_s=cfg.run.request_timeout_s):

@@ -101,6 +101,8 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
                  "run_id": run_id, "strategy": cfg.strategy.name, "model": cfg.model.name,
                  "workload": cfg.workload.name, "device": device, "external_endpoints": external,
                  "request_rate": float(cfg.serve.request_rate), "arrivals": cfg.arrivals.name,
+                 "trace": ({"path": cfg.workload.path, "time_scale": cfg.workload.time_scale}
+                           if cfg.workload.get("_target_") == "harness.workload.trace" else None),
                  "ramp_up": None if cfg.serve.ramp_up is None else {
                      "strategy": cfg.serve.ramp_up, "start_rps": cfg.serve.ramp_up_start_rps,
                      "end_rps": cfg.serve.ramp_up_end_rps},
@@ -172,9 +174,10 @@ def format_serve_summary(s: dict) -> str:
     f = format_value
     return "\n".join([
         format_table(rows, SUMMARY_COLUMNS), "",
-        (f"requested {f(s.get('request_rate'), '.2f')} req/s" if not s.get("ramp_up") else
+        (f"replayed the trace {s['trace']['path']} at time scale {s['trace']['time_scale']}" if s.get("trace") else
+         f"requested {f(s.get('request_rate'), '.2f')} req/s ({s.get('arrivals')})" if not s.get("ramp_up") else
          f"requested a {s['ramp_up']['strategy']} ramp from {s['ramp_up']['start_rps']} to "
-         f"{s['ramp_up']['end_rps']} req/s") + f" ({s.get('arrivals')}); SLOs {s.get('slo')}",
+         f"{s['ramp_up']['end_rps']} req/s ({s.get('arrivals')})") + f"; SLOs {s.get('slo')}",
         f"P/D TTFT p50 {f(s.get('ttft_ms_p50'), '.1f')} ms at the client; at the router: the prefill's answer "
         f"{f(s.get('prefill_ttft_ms_p50'), '.1f')}, the decode's first token {f(s.get('decode_ttft_ms_p50'), '.1f')}",
         f"outputs: P/D matches the baseline {f(s.get('match_rate'), '.3f')} "

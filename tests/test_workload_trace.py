@@ -1,0 +1,61 @@
+"""workload=trace: a Mooncake-format request trace replayed by runner=serve. Its prompts share
+the blocks their hash ids name, arrive at the trace's times and ask for its output lengths; a
+serving run of it (engines) keeps all three and the decode instance finds the shared blocks in
+its own prefix cache."""
+
+import json
+
+import pytest
+
+from harness.serving.load import LoadSpec
+from harness.serving.serve import request_schedule
+from harness.workload import WorkloadError, trace
+from tests.conftest import ROOT, run_harness
+from tests.helpers.tokenizer import FakeTokenizer
+
+TRACE = ROOT / "tests" / "data" / "trace.jsonl"  # block 32: hash ids 7 and 8 are a 64-token prefix
+
+
+def test_a_trace_is_replayed_with_its_shared_blocks_times_and_output_lengths():
+    w = trace("trace", str(TRACE), FakeTokenizer(), block_tokens=32, time_scale=0.5)
+    p = [q.token_ids for q in w.prompts]
+    assert [len(t) for t in p] == [60, 100, 40, 70]
+    assert p[1][:60] == p[0] and p[3][:64] == p[1][:64]  # hash ids 7, 8 (a request cut inside its last block)
+    assert p[3][64:] == p[1][64:70]  # 9 is the same block wherever it is named
+    assert p[2][:32] != p[0][:32]  # 11 is not 7
+    schedule = request_schedule(LoadSpec(request_rate=4.0, num_requests=1), w)  # the trace's, not the spec's
+    assert [r.arrival_s for r in schedule] == pytest.approx([0.0, 0.1, 0.125, 0.35])  # ms from the first, halved
+    assert [r.max_tokens for r in schedule] == [8, 4, 6, 5] and [r.prompt_idx for r in schedule] == [0, 1, 2, 3]
+    assert [q.token_ids for q in trace("trace", str(TRACE), FakeTokenizer(), block_tokens=32).prompts] == p
+    assert len(trace("trace", str(TRACE), FakeTokenizer(), max_requests=2).prompts) == 2
+
+
+@pytest.mark.parametrize("line,message", [
+    ({"timestamp": 5, "input_length": 10}, "not a trace request"),
+    ({"timestamp": 5, "input_length": 0, "output_length": 3, "hash_ids": []}, "must be >= 1"),
+    ({"timestamp": 1, "input_length": 4, "output_length": 3, "hash_ids": []}, "must not go back"),
+])
+def test_a_bad_trace_is_refused(tmp_path, line, message):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"timestamp": 3, "input_length": 4, "output_length": 2, "hash_ids": [1]}) + "\n"
+                    + json.dumps(line) + "\n")
+    with pytest.raises(WorkloadError, match=message):
+        trace("trace", str(path), FakeTokenizer())
+    with pytest.raises(WorkloadError, match="no such trace file"):
+        trace("trace", str(tmp_path / "none.jsonl"), FakeTokenizer())
+
+
+@pytest.mark.engine
+def test_the_serving_runner_replays_a_trace(results_dir):
+    run = run_harness(results_dir / "serve-trace", "runner=serve", "strategy=fused", "workload=trace",
+                      f"workload.path={TRACE}", "workload.block_tokens=32", "serve.baseline_repeat=false")
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "ok" and s["requests"] == s["ok"] == 4 and s["match_rate"] == 1.0
+    assert s["trace"] == {"path": str(TRACE), "time_scale": 1.0} and "replayed the trace" in run.stdout
+    rows = sorted(run.jsonl("requests.jsonl"), key=lambda r: r["request_idx"])
+    assert [r["arrival_s"] for r in rows] == pytest.approx([0.0, 0.2, 0.25, 0.7])
+    assert all(r["sent_s"] >= r["arrival_s"] for r in rows)
+    assert [r["output_len"] for r in rows] == [8, 4, 6, 5] and all(r["digest_match"] for r in rows)
+    # the 64-token prefix (engine block 32) the first request left in the decode instance's cache
+    assert rows[0]["skip_blocks"] == 0 and rows[1]["skip_blocks"] == 1 and rows[3]["skip_blocks"] >= 2
