@@ -53,7 +53,7 @@ class NixlStaging:
     def __init__(self, device: torch.device, nbytes: int):
         self.agent = _agent("decode")
         self.tensor = torch.zeros(nbytes, dtype=torch.uint8, device=device)  # every page touched now
-        self._registered = self.agent.register_memory(self.tensor)
+        self._registered = self.agent.register_memory(self.tensor)  # for as long as the worker lives
         mem, dev = _where(self.tensor)
         self.handle = ("nixl", self.agent.get_agent_metadata(), self.tensor.data_ptr(), nbytes, mem, dev)
         threading.Thread(target=self._progress, name="kv-nixl-progress", daemon=True).start()
@@ -65,6 +65,7 @@ class NixlStaging:
 
     def mapped_by_both(self) -> None:
         return None
+
 
 class NixlMirror:
     """The prefill worker's side: the mirror its payloads are built in, and the WRITE across."""
