@@ -158,6 +158,18 @@ def test_a_ramp_up_moves_the_rate_from_start_to_end_as_vllm_bench_serve_does():
             arrival_schedule(spec(**bad), prompts)
 
 
+def test_probes_are_a_short_request_every_interval_through_the_load():
+    from harness.serving.serve import probe_schedule
+
+    load = arrival_schedule(spec(arrivals=arrivals.constant, num_requests=12), [[1]])  # 10 req/s up to 1.1 s
+    probes, prompts = probe_schedule(config("runner=serve", "serve.probes.interval_s=0.25"), load)
+    assert [p.arrival_s for p in probes] == pytest.approx([0.0, 0.25, 0.5, 0.75, 1.0])
+    assert all(len(p.token_ids) == 16 and p.max_tokens == 4 for p in probes)
+    assert len({tuple(p.token_ids) for p in probes}) == 5
+    assert [q.token_ids for q in prompts] == [p.token_ids for p in probes]
+    assert probe_schedule(config("runner=serve"), load) == ([], [])
+
+
 def test_each_arrival_pattern_is_its_yaml_and_its_function():
     """A new pattern is one function in harness/serving/arrivals.py and one conf/arrivals/*.yaml:
     composed by name, its parameters from the YAML, seeded like the others."""
@@ -212,6 +224,8 @@ def test_a_stream_that_came_in_bursts_is_flagged_and_counted():
 
 @pytest.mark.parametrize("override,message", [
     ("serve.coalesced_gap_ms=0", "serve.coalesced_gap_ms must be a number > 0"),
+    ("serve.probes.interval_s=0", "serve.probes.interval_s must be > 0"),
+    ("serve.probes.interval_s=1 serve.probes.max_tokens=0", "serve.probes.max_tokens must be a whole number >= 1"),
     ("serve.request_rate=0", "serve.request_rate must be > 0"),
     ("serve.max_concurrency=0", "serve.max_concurrency must be >= 1"),
     ("arrivals=gamma arrivals.burstiness=0", "arrivals: arrivals.burstiness must be > 0, got 0"),

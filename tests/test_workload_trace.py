@@ -46,9 +46,12 @@ def test_a_bad_trace_is_refused(tmp_path, line, message):
 
 
 @pytest.mark.engine
-def test_the_serving_runner_replays_a_trace(results_dir):
+def test_the_serving_runner_replays_a_trace_with_probes_beside_it(results_dir):
+    """Also serve.probes: a short request every 0.1 s on each path while the trace runs, its own
+    rows (probes.jsonl) checked as the load's are."""
     run = run_harness(results_dir / "serve-trace", "runner=serve", "strategy=fused", "workload=trace",
-                      f"workload.path={TRACE}", "workload.block_tokens=32", "serve.baseline_repeat=false")
+                      f"workload.path={TRACE}", "workload.block_tokens=32", "serve.baseline_repeat=false",
+                      "serve.probes.interval_s=0.1")
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
     assert s["status"] == "ok" and s["requests"] == s["ok"] == 4 and s["match_rate"] == 1.0
@@ -59,3 +62,10 @@ def test_the_serving_runner_replays_a_trace(results_dir):
     assert [r["output_len"] for r in rows] == [8, 4, 6, 5] and all(r["digest_match"] for r in rows)
     # the 64-token prefix (engine block 32) the first request left in the decode instance's cache
     assert rows[0]["skip_blocks"] == 0 and rows[1]["skip_blocks"] == 1 and rows[3]["skip_blocks"] >= 2
+    probes = run.jsonl("probes.jsonl")
+    assert sorted({r["path"] for r in probes}) == ["baseline_probe", "disagg_probe"] and len(probes) == 16
+    assert all(r["status"] == "ok" and r["output_len"] == 4 and r["prompt_len"] == 16 for r in probes)
+    assert all(r["match"] and r["digest_match"] for r in probes if r["path"] == "disagg_probe")
+    p = s["probes"]
+    assert p["requests"] == p["base_requests"] == 8 and p["digest_checked"] == 8 and p["digest_failures"] == 0
+    assert p["ttft_ms_p50"] > 0 and s["digest_checked"] == 4 + 8 and "probes (one every 0.1 s" in run.stdout

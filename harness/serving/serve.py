@@ -26,6 +26,7 @@ import asyncio
 import dataclasses
 import math
 import queue
+import random
 import sys
 import threading
 import time
@@ -68,6 +69,17 @@ def check_serve_inputs(cfg: DictConfig) -> None:
         v = cfg.slo.get(key)
         if v is not None and not v > 0:
             raise LoadError(f"slo.{key} must be > 0 (null: no limit), got {v}")
+    probes = cfg.serve.probes
+    if probes.interval_s is not None:
+        if isinstance(probes.interval_s, bool) or not isinstance(probes.interval_s, int | float) \
+                or not probes.interval_s > 0:
+            raise LoadError(f"serve.probes.interval_s must be > 0 (null: no probes), got {probes.interval_s!r}")
+        for key in ("prompt_len", "max_tokens"):
+            if not isinstance(probes[key], int) or isinstance(probes[key], bool) or probes[key] < 1:
+                raise LoadError(f"serve.probes.{key} must be a whole number >= 1, got {probes[key]!r}")
+        if probes.prompt_len + probes.max_tokens > cfg.engine.max_model_len:
+            raise LoadError(f"serve.probes: {probes.prompt_len} + {probes.max_tokens} tokens exceed "
+                            f"engine.max_model_len={cfg.engine.max_model_len}")
     gap = cfg.serve.coalesced_gap_ms
     if isinstance(gap, bool) or not isinstance(gap, int | float) or not gap > 0:
         raise LoadError(f"serve.coalesced_gap_ms must be a number > 0, got {gap!r}")
@@ -83,6 +95,19 @@ def check_serve_inputs(cfg: DictConfig) -> None:
     if (ends.baseline is None) != (ends.disagg is None):
         raise LoadError("serve.endpoints needs both a baseline and a disagg URL (or neither: the harness "
                         "starts its own instances)")
+
+
+def probe_schedule(cfg: DictConfig, schedule: list[ScheduledRequest]) -> tuple[list[ScheduledRequest], list[Prompt]]:
+    """serve.probes: a short request every interval_s from the load's first arrival to its last,
+    each its own seeded random prompt (no prefix cache serves it), the same on both paths."""
+    p = cfg.serve.probes
+    if not p.interval_s:
+        return [], []
+    rng = random.Random(cfg.serve.seed + 2)
+    n = math.floor(max(r.arrival_s for r in schedule) / p.interval_s + 1e-9) + 1  # 0.7 // 0.1 is 6.0
+    prompts = [Prompt(i, [rng.randrange(10, 3400) for _ in range(p.prompt_len)]) for i in range(n)]  # any vocabulary's
+    return [ScheduledRequest(i, i, q.token_ids, i * p.interval_s, max_tokens=p.max_tokens)
+            for i, q in enumerate(prompts)], prompts
 
 
 def check_endpoints(cfg: DictConfig) -> None:
@@ -241,6 +266,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
 
     spec = load_spec(cfg)
     schedule = request_schedule(spec, workload)
+    probes, probe_prompts = probe_schedule(cfg, schedule)
     meta = {"run_id": run_id, "runner": "serve", "versions": versions(device), "strategy": cfg.strategy.name,
             "decode_submit": decode_submit(cfg), "model": cfg.model.name, "workload": cfg.workload.name,
             "num_prompts": len(workload.prompts), "num_requests": len(schedule),
@@ -252,6 +278,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     kv_usage = {}
     tag = uuid.uuid4().hex[:6]
     base_out, req_out = JsonlWriter(run_dir / "baseline.jsonl"), JsonlWriter(run_dir / "requests.jsonl")
+    probe_out = JsonlWriter(run_dir / "probes.jsonl") if probes else None
     stats = None if deployment.external else TransferStats(*deployment.stats_paths)
     rate = (f"{spec.request_rate} req/s" if spec.ramp_up is None else
             f"{spec.ramp_up_start_rps} to {spec.ramp_up_end_rps} req/s ({spec.ramp_up} ramp-up)")
@@ -259,12 +286,22 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         rate = f"the trace's times ({cfg.workload.path}, time scale {cfg.workload.time_scale})"
     model = served_model(cfg)
 
-    def load(path: str, url: str, reqs, on_result=None, timeout_s=cfg.run.request_timeout_s):
-        return asyncio.run(send_all(url, model, reqs, max_tokens=cfg.sampling.max_tokens,
-                                    max_concurrency=spec.max_concurrency, timeout_s=timeout_s,
-                                    id_prefix=f"{tag}-{path}", logprobs=cfg.sampling.logprobs, on_result=on_result,
-                                    watchdog=None if deployment.external else deployment.watchdog,
-                                    turn_ids=lambda req: workload.prompts[req.prompt_idx].token_ids))
+    def sending(path: str, url: str, reqs, on_result, timeout_s: float, limit: int | None):
+        return send_all(url, model, reqs, max_tokens=cfg.sampling.max_tokens, max_concurrency=limit,
+                        timeout_s=timeout_s, id_prefix=f"{tag}-{path}", logprobs=cfg.sampling.logprobs,
+                        on_result=on_result, watchdog=None if deployment.external else deployment.watchdog,
+                        turn_ids=lambda req: workload.prompts[req.prompt_idx].token_ids)
+
+    def load(path: str, url: str, reqs, on_result=None, timeout_s=cfg.run.request_timeout_s, on_probe=None):
+        """The load's requests on one path, with the probes beside them where on_probe takes them."""
+        if on_probe is None:
+            return asyncio.run(sending(path, url, reqs, on_result, timeout_s, spec.max_concurrency))
+
+        async def beside():
+            results, _ = await asyncio.gather(sending(path, url, reqs, on_result, timeout_s, spec.max_concurrency),
+                                              sending(f"{path}-probe", url, probes, on_probe, timeout_s, None))
+            return results
+        return asyncio.run(beside())
 
     try:
         print(f"[harness] {run_id}: serving {len(schedule)} requests at {rate} ({cfg.arrivals.name}), "
@@ -289,6 +326,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         passes = [("baseline", "baseline"), *([("baseline_repeat", "baseline")] if cfg.serve.baseline_repeat else []),
                   ("disagg", "disagg")]
         base: dict[int, ClientResult] = {}
+        base_probes: dict[int, ClientResult] = {}
         for path, target in passes:
             p_stats = stats if path == "disagg" else None
             writer = RowWriter(req_out if path == "disagg" else base_out,
@@ -301,12 +339,25 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                 if path == "baseline" and r.status == "ok":  # a conversation's next turn continues this answer
                     workload.answered(workload.prompts[r.prompt_idx], r.token_ids)
                 put(r)
+            probe_writer = on_probe = None
+            if probe_out is not None and path != "baseline_repeat":  # the disagg probes against the baseline's
+                probe_writer = RowWriter(probe_out, lambda r, path=path, p_stats=p_stats: row(
+                    cfg, run_id, device, f"{path}_probe", r, probe_prompts[r.prompt_idx],
+                    base_probes.get(r.index) if path == "disagg" else None, p_stats,
+                    1 / cfg.serve.probes.interval_s), p_stats)
+
+                def on_probe(r: ClientResult, path=path, put=probe_writer.put) -> None:
+                    if path == "baseline":
+                        base_probes[r.index] = r
+                    put(r)
             t0 = time.monotonic()
             try:
                 results = load(path, deployment.urls[target], schedule if path != "disagg" else
-                               scenario_schedule(cfg, schedule, workload), on_result=on_result)
+                               scenario_schedule(cfg, schedule, workload), on_result=on_result, on_probe=on_probe)
             finally:
                 writer.close(abandon=sys.exc_info()[0] is not None)
+                if probe_writer is not None:
+                    probe_writer.close(abandon=sys.exc_info()[0] is not None)
             timings[f"{path}_s"] = time.monotonic() - t0
             if path == "baseline":
                 base = {r.index: r for r in results}
@@ -320,6 +371,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         timings["shutdown_s"] = time.monotonic() - t0
         base_out.close()
         req_out.close()
+        if probe_out is not None:
+            probe_out.close()
 
     timings["total_s"] = time.monotonic() - t_run
     summary = serve_summary(run_dir, cfg, status=status, error=error, run_id=run_id, device=device,

@@ -91,6 +91,27 @@ def path_stats(rows: list[dict], prefix: str = "") -> dict:
     return out
 
 
+def probe_stats(rows: list[dict], interval_s: float | None) -> dict | None:
+    """serve.probes' rows (probes.jsonl) in brief: per path their TTFT and E2E p50 and p99, and on
+    the P/D path their outputs against the baseline's probes and their digests."""
+    if not rows:
+        return None
+    out: dict = {"interval_s": interval_s}
+    for prefix, path in (("", "disagg_probe"), ("base_", "baseline_probe")):
+        mine = [r for r in rows if r["path"] == path]
+        ok = [r for r in mine if r["status"] == "ok"]
+        out[f"{prefix}requests"], out[f"{prefix}ok"] = len(mine), len(ok)
+        for m in ("ttft_ms", "e2e_ms"):
+            vals = [r[m] for r in ok]
+            out[f"{prefix}{m}_p50"] = percentile(vals, 50) if vals else None
+            out[f"{prefix}{m}_p99"] = percentile(vals, 99) if vals else None
+    pd_ok = [r for r in rows if r["path"] == "disagg_probe" and r["status"] == "ok"]
+    checked = [r for r in pd_ok if r["digest_match"] is not None]
+    out["digest_checked"], out["digest_failures"] = len(checked), sum(not r["digest_match"] for r in checked)
+    out["mismatches"] = sum(r["match"] is False and not r.get("near_tie") for r in pd_ok)
+    return out
+
+
 def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | None, run_id: str, device: str,
                   timings: dict, kv_usage: dict, external: bool) -> dict:
     disagg = read_jsonl(run_dir / "requests.jsonl")
@@ -126,8 +147,11 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
     # a faulted one is judged by fault_counts
     kept = [r for r in disagg if r["status"] != "cancelled" and not given(r.get("fault"))]
     checked = [r for r in kept if r["digest_match"] is not None]
-    out["digest_checked"] = len(checked)
-    out["digest_failures"] = sum(not r["digest_match"] for r in checked)
+    out["probes"] = probe_stats(read_jsonl(run_dir / "probes.jsonl"), cfg.serve.probes.interval_s)
+    # a probe's KV is checked as any request's: its digest failure fails the run
+    out["digest_checked"] = len(checked) + (out["probes"] or {}).get("digest_checked", 0)
+    out["digest_failures"] = sum(not r["digest_match"] for r in checked) + (out["probes"] or {}).get(
+        "digest_failures", 0)
     out["transfer_errors"] = sum(bool(r["transfer_error"]) for r in kept)
     out.update(recompute_counts(kept))
     out["total_bytes"] = sum(r.get("bytes") or 0 for r in kept)
@@ -185,8 +209,19 @@ def format_serve_summary(s: dict) -> str:
         f"the baseline matches itself {f(s.get('baseline_self_match_rate'), '.3f')} "
         f"({s.get('baseline_self_mismatches')} differ); digest failures {s.get('digest_failures')}/"
         f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}", *accuracy_line(s),
-        *prefix_hit_lines(s), *scenario_lines(s), *coalesced_lines(s),
+        *prefix_hit_lines(s), *scenario_lines(s), *coalesced_lines(s), *probe_lines(s),
         *([f"aborted by the client at a random time: {s['aborted']}"] if s.get("aborted") else [])])
+
+
+def probe_lines(s: dict) -> list[str]:
+    p = s.get("probes")
+    if not p:
+        return []
+    f = format_value
+    return [f"probes (one every {p['interval_s']} s beside the load): TTFT p50 P/D {f(p['ttft_ms_p50'], '.1f')} ms, "
+            f"baseline {f(p['base_ttft_ms_p50'], '.1f')} ms; p99 {f(p['ttft_ms_p99'], '.1f')} and "
+            f"{f(p['base_ttft_ms_p99'], '.1f')} ms; {p['ok']} and {p['base_ok']} ok, {p['mismatches']} outputs "
+            f"differ, digest failures {p['digest_failures']}/{p['digest_checked']}"]
 
 
 def coalesced_lines(s: dict) -> list[str]:
