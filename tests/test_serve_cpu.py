@@ -233,6 +233,7 @@ def test_a_stream_that_came_in_bursts_is_flagged_and_counted():
     ("serve.num_requests=null", "give one of serve.num_requests and serve.duration_s"),
     ("slo.ttft_ms=-5", "slo.ttft_ms must be > 0"),
     ("serve.prefill_instances=0", "serve.prefill_instances must be a whole number >= 1"),
+    ("serve.baseline_instances=same", "serve.baseline_instances must be a whole number >= 1 or matched"),
     ("serve.decode_instances=2", "push each prefill instance's KV to one decode instance"),
     ("serve.endpoints.baseline=http://127.0.0.1:9", "needs both a baseline and a disagg URL"),
 ])
@@ -323,14 +324,16 @@ def group_alive(pid: int) -> bool:
 
 
 README_SERVE_2P1D = ("runner=serve", "strategy=fused", "serve.prefill_instances=2", "serve.stream_prefill_token=true",
-                     "serve.request_rate=8", "serve.num_requests=12", "serve.cancel_fraction=0.25")
+                     "serve.request_rate=8", "serve.num_requests=12", "serve.cancel_fraction=0.25",
+                     "serve.baseline_instances=matched")
 
 
 @pytest.mark.engine
 @FULL
 def test_two_prefill_instances_and_the_prefill_token_streamed(results_dir):
     """The README's 2P1D example: both prefill instances serve, every transfer is checked, the
-    client's TTFT is the prefill's answer, the decode's first token is recorded beside it."""
+    client's TTFT is the prefill's answer, the decode's first token is recorded beside it; the
+    baseline on as many instances as the P/D side (matched: 3), each of which serves."""
     run = run_harness(results_dir / "serve-2p1d", *README_SERVE_2P1D)
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
@@ -338,7 +341,11 @@ def test_two_prefill_instances_and_the_prefill_token_streamed(results_dir):
     assert s["digest_checked"] == s["ok"] and s["digest_failures"] == 0
     assert s["kv_cache_usage_at_end"] == {"prefill0": 0.0, "prefill1": 0.0, "decode": 0.0}
     servers = json.loads((run.run_dir / "servers.json").read_text())
-    assert set(servers) == {"baseline", "prefill0", "prefill1", "decode", "baseline_router", "router"}
+    assert set(servers) == {"baseline0", "baseline1", "baseline2", "prefill0", "prefill1", "decode", "baseline_router",
+                            "router"}
+    assert s["instances"] == {"baseline": 3, "prefill": 2, "decode": 1}
+    # round robin: every baseline instance answered its share (vLLM logs each completion it serves)
+    assert all("POST /v1/completions" in (run.run_dir / f"baseline{i}.log").read_text() for i in range(3))
     assert all(len(read_jsonl(run.run_dir / f"prefill{i}-transfers.jsonl")) >= 4 for i in (0, 1))
     df = load_requests(run.run_dir)
     d = df[(df["path"] == "disagg") & (df["status"] == "ok")]

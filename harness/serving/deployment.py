@@ -25,6 +25,14 @@ def gpu_count() -> int:
     return max(torch.cuda.device_count(), 1)
 
 
+def instance_counts(cfg: DictConfig) -> dict[str, int]:
+    """Each side's instances: serve.baseline_instances=matched gives the baseline as many as the
+    P/D side has (2 against 1P1D, 3 against 2P1D), so a curve compares equal hardware."""
+    s = cfg.serve
+    p, d = s.prefill_instances, s.decode_instances
+    return {"baseline": p + d if s.baseline_instances == "matched" else s.baseline_instances, "prefill": p, "decode": d}
+
+
 def instance_names(side: str, count: int) -> list[str]:
     """prefill, decode with one instance a side; prefill0, prefill1, ... with more."""
     return [side] if count == 1 else [f"{side}{i}" for i in range(count)]
@@ -41,9 +49,10 @@ class ServingDeployment:
         self.servers: dict[str, ServerProcess] = {}
         self.semaphores_before = process_group.semaphores()
         s = cfg.serve
-        self.baseline_names = instance_names("baseline", s.baseline_instances)
-        self.prefill_names = instance_names("prefill", s.prefill_instances)
-        self.decode_names = instance_names("decode", s.decode_instances)
+        counts = instance_counts(cfg)
+        self.baseline_names = instance_names("baseline", counts["baseline"])
+        self.prefill_names = instance_names("prefill", counts["prefill"])
+        self.decode_names = instance_names("decode", counts["decode"])
         self.rendezvous = [run_dir / f"kv-channel-{p}.port" for p in self.prefill_names]
         self.stats_paths = [run_dir / f"{n}-transfers.jsonl" for n in (*self.prefill_names, *self.decode_names)]
         ends = s.endpoints

@@ -46,7 +46,7 @@ from harness.engine_config import pulls
 from harness.records import JsonlWriter, ended_early, read_jsonl, versions, write_json
 from harness.schema import ServeRow
 from harness.serving.arrivals import build as build_arrivals
-from harness.serving.deployment import ServingDeployment
+from harness.serving.deployment import ServingDeployment, instance_counts
 from harness.serving.instances import InstanceDied
 from harness.serving.load import ClientResult, LoadError, LoadSpec, ScheduledRequest, arrival_schedule, send_all
 from harness.serving.serve_summary import coalesced, format_serve_summary, serve_summary
@@ -85,8 +85,9 @@ def check_serve_inputs(cfg: DictConfig) -> None:
         raise LoadError(f"serve.coalesced_gap_ms must be a number > 0, got {gap!r}")
     for side in ("baseline", "prefill", "decode"):
         n = cfg.serve[f"{side}_instances"]
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise LoadError(f"serve.{side}_instances must be a whole number >= 1, got {n!r}")
+        if (not isinstance(n, int) or isinstance(n, bool) or n < 1) and not (side == "baseline" and n == "matched"):
+            raise LoadError(f"serve.{side}_instances must be a whole number >= 1"
+                            f"{' or matched' if side == 'baseline' else ''}, got {n!r}")
     if cfg.serve.decode_instances > 1 and not pulls(cfg.strategy):
         raise LoadError(f"serve.decode_instances={cfg.serve.decode_instances}: this project's strategies push each "
                         f"prefill instance's KV to one decode instance; use several prefill instances "
@@ -314,7 +315,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             # every instance's first use: as many at once as the largest side has instances (round
             # robin and least outstanding both spread requests sent together)
             # and none of the measured prompts' tokens, which a prefix cache would keep (warmup_workload)
-            sides = (cfg.serve.baseline_instances, cfg.serve.prefill_instances, cfg.serve.decode_instances)
+            sides = tuple(instance_counts(cfg).values())
             warm = [ScheduledRequest(i, p.index, p.token_ids, 0.0)
                     for i, p in enumerate(warmup_workload(workload, cfg.run.warmup_requests * max(sides)).prompts)]
             for path in ("baseline", "disagg"):

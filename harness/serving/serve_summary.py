@@ -32,6 +32,7 @@ from harness.records import prefix_hit_lines, prefix_hits, read_jsonl, recompute
 from harness.scenario import aborted, fault_counts, given
 from harness.scenario import lines as scenario_lines
 from harness.schema import SCHEMA_VERSION
+from harness.serving.deployment import instance_counts
 from harness.serving.load import TIMED_OUT
 from harness.stats import Column, format_table, format_value, p50_with_interval, percentile
 from harness.verdict import judge
@@ -128,6 +129,7 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
                      "strategy": cfg.serve.ramp_up, "start_rps": cfg.serve.ramp_up_start_rps,
                      "end_rps": cfg.serve.ramp_up_end_rps},
                  "max_concurrency": cfg.serve.max_concurrency,
+                 "instances": None if external else instance_counts(cfg),
                  "slo": {"ttft_ms": cfg.slo.ttft_ms, "tpot_ms": cfg.slo.tpot_ms},
                  "kv_cache_dtype": stored_kv_dtype(cfg), "coalesced_gap_ms": cfg.serve.coalesced_gap_ms}
     out.update(path_stats(disagg))
