@@ -194,6 +194,7 @@ class ServeRow:
     # them under serve.coalesced_gap_ms (serve_summary.coalesced); its tpot_ms and itl_ms are then
     # when tokens reached the client, not when the engine made them (None: fewer than 2 tokens)
     coalesced: bool | None = None
+    repeat: int = 0  # serve.repeats: which pass of the same schedule on its path (from version 14)
     # P/D path, a lossy strategy's (from version 12): as in RequestRow
     codec: str | None = None
     codec_encode_ms: float | None = None

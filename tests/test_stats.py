@@ -1,8 +1,9 @@
 """harness/stats.py: percentiles, the p50's bootstrap interval, the one table formatter."""
 
 import numpy as np
+import pytest
 
-from harness.stats import Column, format_table, p50_interval, p50_with_interval, percentile
+from harness.stats import Column, format_table, mean_interval, p50_interval, p50_with_interval, percentile
 
 
 def test_percentile_interpolates_and_skips_what_was_not_measured():
@@ -28,6 +29,13 @@ def test_p50_interval_of_one_or_no_value():
     assert p50_interval([None]) == (None, None)
     assert p50_with_interval([1.0, 2.0, 3.0], "x") == {"x": 2.0, "x_lo": p50_interval([1, 2, 3])[0],
                                                       "x_hi": p50_interval([1, 2, 3])[1]}
+
+
+def test_mean_interval_of_a_few_runs_is_students_t():
+    mean, lo, hi = mean_interval([10.0, 12.0, 14.0])  # sd 2, t(2 dof) 4.303: 10 +- 4.97
+    assert mean == 12.0 and lo == pytest.approx(12 - 4.303 * 2 / 3 ** 0.5) and hi == pytest.approx(12 + 4.969, abs=1e-3)
+    assert mean_interval([5.0, None]) == (5.0, None, None) and mean_interval([]) == (None, None, None)
+    assert mean_interval([1.0] * 40)[1:] == (1.0, 1.0)  # past 30 degrees of freedom: the normal's 1.96
 
 
 def test_table_shows_an_interval_only_where_the_values_differ():

@@ -46,26 +46,34 @@ def test_a_bad_trace_is_refused(tmp_path, line, message):
 
 
 @pytest.mark.engine
-def test_the_serving_runner_replays_a_trace_with_probes_beside_it(results_dir):
+def test_the_serving_runner_replays_a_trace_with_probes_beside_it_twice(results_dir):
     """Also serve.probes: a short request every 0.1 s on each path while the trace runs, its own
-    rows (probes.jsonl) checked as the load's are."""
+    rows (probes.jsonl) checked as the load's are; and serve.repeats: the trace twice on each
+    path, the p50s' spread between the two runs in the summary."""
     run = run_harness(results_dir / "serve-trace", "runner=serve", "strategy=fused", "workload=trace",
                       f"workload.path={TRACE}", "workload.block_tokens=32", "serve.baseline_repeat=false",
-                      "serve.probes.interval_s=0.1")
+                      "serve.probes.interval_s=0.1", "serve.repeats=2")
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
-    assert s["status"] == "ok" and s["requests"] == s["ok"] == 4 and s["match_rate"] == 1.0
+    assert s["status"] == "ok" and s["requests"] == s["ok"] == 8 and s["match_rate"] == 1.0 and s["repeats"] == 2
     assert s["trace"] == {"path": str(TRACE), "time_scale": 1.0} and "replayed the trace" in run.stdout
-    rows = sorted(run.jsonl("requests.jsonl"), key=lambda r: r["request_idx"])
+    every = run.jsonl("requests.jsonl")
+    assert sorted(r["repeat"] for r in every) == [0] * 4 + [1] * 4 and all(r["match"] for r in every)
+    assert sorted(r["repeat"] for r in run.jsonl("baseline.jsonl")) == [0] * 4 + [1] * 4
+    assert len(s["ttft_ms_p50_by_repeat"]) == 2 and s["ttft_ms_p50_across_lo"] <= s["ttft_ms_p50_across"] \
+        <= s["ttft_ms_p50_across_hi"] and "across 2 runs of the schedule" in run.stdout
+    rows = sorted((r for r in every if r["repeat"] == 0), key=lambda r: r["request_idx"])
     assert [r["arrival_s"] for r in rows] == pytest.approx([0.0, 0.2, 0.25, 0.7])
     assert all(r["sent_s"] >= r["arrival_s"] for r in rows)
     assert [r["output_len"] for r in rows] == [8, 4, 6, 5] and all(r["digest_match"] for r in rows)
-    # the 64-token prefix (engine block 32) the first request left in the decode instance's cache
-    assert rows[0]["skip_blocks"] == 0 and rows[1]["skip_blocks"] == 1 and rows[3]["skip_blocks"] >= 2
+    # blocks an earlier request left in the decode instance's prefix cache (engine block 32: hash id 7's)
+    # are not sent again; request 2's hash ids are its own
+    assert rows[0]["skip_blocks"] == rows[2]["skip_blocks"] == 0
+    assert rows[1]["skip_blocks"] >= 1 and rows[3]["skip_blocks"] >= 1
     probes = run.jsonl("probes.jsonl")
     assert sorted({r["path"] for r in probes}) == ["baseline_probe", "disagg_probe"] and len(probes) == 16
     assert all(r["status"] == "ok" and r["output_len"] == 4 and r["prompt_len"] == 16 for r in probes)
     assert all(r["match"] and r["digest_match"] for r in probes if r["path"] == "disagg_probe")
     p = s["probes"]
     assert p["requests"] == p["base_requests"] == 8 and p["digest_checked"] == 8 and p["digest_failures"] == 0
-    assert p["ttft_ms_p50"] > 0 and s["digest_checked"] == 4 + 8 and "probes (one every 0.1 s" in run.stdout
+    assert p["ttft_ms_p50"] > 0 and s["digest_checked"] == 8 + 8 and "probes (one every 0.1 s" in run.stdout

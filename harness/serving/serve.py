@@ -80,6 +80,9 @@ def check_serve_inputs(cfg: DictConfig) -> None:
         if probes.prompt_len + probes.max_tokens > cfg.engine.max_model_len:
             raise LoadError(f"serve.probes: {probes.prompt_len} + {probes.max_tokens} tokens exceed "
                             f"engine.max_model_len={cfg.engine.max_model_len}")
+    reps = cfg.serve.repeats
+    if not isinstance(reps, int) or isinstance(reps, bool) or reps < 1:
+        raise LoadError(f"serve.repeats must be a whole number >= 1, got {reps!r}")
     gap = cfg.serve.coalesced_gap_ms
     if isinstance(gap, bool) or not isinstance(gap, int | float) or not gap > 0:
         raise LoadError(f"serve.coalesced_gap_ms must be a number > 0, got {gap!r}")
@@ -176,7 +179,7 @@ def ms(t: float | None) -> float | None:
 
 
 def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, base: ClientResult | None,
-        stats: TransferStats | None, rate: float) -> dict:
+        stats: TransferStats | None, rate: float, repeat: int = 0) -> dict:
     ok = r.status == "ok"
     ttft = r.t_first * 1e3 if r.t_first is not None else None
     e2e = r.t_done * 1e3 if ok else None
@@ -208,7 +211,7 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, ba
         tpot_ms=tpot, e2e_ms=e2e, itl_ms=itl, coalesced=bursts, meets_slo=meets,
         match=cmp.match if cmp else None, first_divergence=cmp.first_divergence if cmp else None,
         max_logprob_diff=cmp.max_logprob_diff if cmp else None, near_tie=cmp.near_tie if cmp else None,
-        transfer_id=r.transfer_id,
+        transfer_id=r.transfer_id, repeat=repeat,
         digest_match=digest_match, transfer_error=recv.error if recv else None,
         bytes=send.bytes if send else None, blocks=send.blocks if send else None,
         skip_blocks=recv.skip_blocks if recv else None,
@@ -324,24 +327,27 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                     if r.status != "ok":
                         raise InstanceDied(f"warm-up request through the {path} path failed: {r.error}")
             timings["warmup_s"] = time.monotonic() - t0
-        passes = [("baseline", "baseline"), *([("baseline_repeat", "baseline")] if cfg.serve.baseline_repeat else []),
-                  ("disagg", "disagg")]
+        # serve.repeats: the same schedule again on each path, interleaved (drift falls on both);
+        # every pass compared with the baseline's first, probes beside the first passes only
+        passes = [(path, target, rep) for rep in range(cfg.serve.repeats) for path, target in (
+            ("baseline", "baseline"), *([("baseline_repeat", "baseline")] if cfg.serve.baseline_repeat and not rep
+                                        else []), ("disagg", "disagg"))]
         base: dict[int, ClientResult] = {}
         base_probes: dict[int, ClientResult] = {}
-        for path, target in passes:
+        for path, target, rep in passes:
             p_stats = stats if path == "disagg" else None
             writer = RowWriter(req_out if path == "disagg" else base_out,
-                               lambda r, path=path, p_stats=p_stats, base=base: row(
+                               lambda r, path=path, p_stats=p_stats, base=base, rep=rep: row(
                                    cfg, run_id, device, path, r, workload.prompts[r.prompt_idx],
-                                   None if path == "baseline" else base.get(r.index), p_stats,
-                                   spec.rate_at(r.index)), p_stats)
+                                   None if path == "baseline" and not rep else base.get(r.index), p_stats,
+                                   spec.rate_at(r.index), rep), p_stats)
 
-            def on_result(r: ClientResult, path=path, put=writer.put) -> None:
-                if path == "baseline" and r.status == "ok":  # a conversation's next turn continues this answer
+            def on_result(r: ClientResult, path=path, put=writer.put, rep=rep) -> None:
+                if path == "baseline" and not rep and r.status == "ok":  # a conversation's next turn continues it
                     workload.answered(workload.prompts[r.prompt_idx], r.token_ids)
                 put(r)
             probe_writer = on_probe = None
-            if probe_out is not None and path != "baseline_repeat":  # the disagg probes against the baseline's
+            if probe_out is not None and path != "baseline_repeat" and not rep:  # disagg probes against the baseline's
                 probe_writer = RowWriter(probe_out, lambda r, path=path, p_stats=p_stats: row(
                     cfg, run_id, device, f"{path}_probe", r, probe_prompts[r.prompt_idx],
                     base_probes.get(r.index) if path == "disagg" else None, p_stats,
@@ -353,14 +359,15 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
                     put(r)
             t0 = time.monotonic()
             try:
-                results = load(path, deployment.urls[target], schedule if path != "disagg" else
-                               scenario_schedule(cfg, schedule, workload), on_result=on_result, on_probe=on_probe)
+                results = load(path if not rep else f"{path}-r{rep}", deployment.urls[target],
+                               schedule if path != "disagg" else scenario_schedule(cfg, schedule, workload),
+                               on_result=on_result, on_probe=on_probe)
             finally:
                 writer.close(abandon=sys.exc_info()[0] is not None)
                 if probe_writer is not None:
                     probe_writer.close(abandon=sys.exc_info()[0] is not None)
-            timings[f"{path}_s"] = time.monotonic() - t0
-            if path == "baseline":
+            timings[f"{path}_s"] = timings.get(f"{path}_s", 0.0) + time.monotonic() - t0
+            if path == "baseline" and not rep:
                 base = {r.index: r for r in results}
         if not deployment.external:
             kv_usage = deployment.kv_usage()

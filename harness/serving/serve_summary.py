@@ -34,7 +34,7 @@ from harness.scenario import lines as scenario_lines
 from harness.schema import SCHEMA_VERSION
 from harness.serving.deployment import instance_counts
 from harness.serving.load import TIMED_OUT
-from harness.stats import Column, format_table, format_value, p50_with_interval, percentile
+from harness.stats import Column, format_table, format_value, mean_interval, p50_with_interval, percentile
 from harness.verdict import judge
 
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
@@ -92,6 +92,23 @@ def path_stats(rows: list[dict], prefix: str = "") -> dict:
     return out
 
 
+def across_repeats(rows: list[dict], prefix: str = "") -> dict:
+    """serve.repeats: each pass's p50 of TTFT, TPOT and E2E (`..._p50_by_repeat`) and their mean
+    with its 95% t-interval (`..._p50_across`, `_lo`, `_hi`): the spread between runs of the same
+    schedule, beside the pooled p50's interval over requests. Nothing for one pass."""
+    reps = sorted({r.get("repeat") or 0 for r in rows})
+    if len(reps) < 2:
+        return {}
+    out = {}
+    for m in ("ttft_ms", "tpot_ms", "e2e_ms"):
+        p50s = [percentile([r[m] for r in rows if (r.get("repeat") or 0) == k and r["status"] == "ok"], 50)
+                for k in reps]
+        mean, lo, hi = mean_interval(p50s)
+        out.update({f"{prefix}{m}_p50_by_repeat": p50s, f"{prefix}{m}_p50_across": mean,
+                    f"{prefix}{m}_p50_across_lo": lo, f"{prefix}{m}_p50_across_hi": hi})
+    return out
+
+
 def probe_stats(rows: list[dict], interval_s: float | None) -> dict | None:
     """serve.probes' rows (probes.jsonl) in brief: per path their TTFT and E2E p50 and p99, and on
     the P/D path their outputs against the baseline's probes and their digests."""
@@ -134,6 +151,9 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
                  "kv_cache_dtype": stored_kv_dtype(cfg), "coalesced_gap_ms": cfg.serve.coalesced_gap_ms}
     out.update(path_stats(disagg))
     out.update(path_stats(base, "base_"))
+    out["repeats"] = cfg.serve.repeats
+    out.update(across_repeats(disagg))
+    out.update(across_repeats(base, "base_"))
     compared = [r for r in disagg if r["match"] is not None and not given(r.get("fault"))]
     self_compared = [r for r in repeat if r["match"] is not None]
     out["match_rate"] = sum(r["match"] for r in compared) / len(compared) if compared else None
@@ -211,8 +231,20 @@ def format_serve_summary(s: dict) -> str:
         f"the baseline matches itself {f(s.get('baseline_self_match_rate'), '.3f')} "
         f"({s.get('baseline_self_mismatches')} differ); digest failures {s.get('digest_failures')}/"
         f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}", *accuracy_line(s),
-        *prefix_hit_lines(s), *scenario_lines(s), *coalesced_lines(s), *probe_lines(s),
+        *prefix_hit_lines(s), *scenario_lines(s), *coalesced_lines(s), *probe_lines(s), *repeat_lines(s),
         *([f"aborted by the client at a random time: {s['aborted']}"] if s.get("aborted") else [])])
+
+
+def repeat_lines(s: dict) -> list[str]:
+    if "ttft_ms_p50_across" not in s:
+        return []
+    f = format_value
+
+    def across(prefix: str) -> str:
+        return (f"{f(s[f'{prefix}ttft_ms_p50_across'], '.1f')} [{f(s[f'{prefix}ttft_ms_p50_across_lo'], '.1f')}, "
+                f"{f(s[f'{prefix}ttft_ms_p50_across_hi'], '.1f')}]")
+    return [f"across {s['repeats']} runs of the schedule, TTFT p50 (mean of the runs' p50s, 95% t-interval): "
+            f"P/D {across('')} ms, baseline {across('base_')} ms"]
 
 
 def probe_lines(s: dict) -> list[str]:
