@@ -93,16 +93,16 @@ def path_stats(rows: list[dict], prefix: str = "") -> dict:
 
 
 def across_repeats(rows: list[dict], prefix: str = "") -> dict:
-    """serve.repeats: each pass's p50 of TTFT, TPOT and E2E (`..._p50_by_repeat`) and their mean
-    with its 95% t-interval (`..._p50_across`, `_lo`, `_hi`): the spread between runs of the same
-    schedule, beside the pooled p50's interval over requests. Nothing for one pass."""
+    """serve.repeats: each pass's p50 of every latency (`..._p50_by_repeat`) and their mean with
+    its 95% t-interval (`..._p50_across`, `_lo`, `_hi`; no interval from one pass): the spread
+    between runs of the same schedule, beside the pooled p50's interval over requests."""
     reps = sorted({r.get("repeat") or 0 for r in rows})
-    if len(reps) < 2:
-        return {}
     out = {}
-    for m in ("ttft_ms", "tpot_ms", "e2e_ms"):
-        p50s = [percentile([r[m] for r in rows if (r.get("repeat") or 0) == k and r["status"] == "ok"], 50)
-                for k in reps]
+    for m in LATENCIES:
+        def values(k: int, m=m) -> list[float]:
+            ok = [r for r in rows if (r.get("repeat") or 0) == k and r["status"] == "ok"]
+            return [g for r in ok for g in r["itl_ms"]] if m == "itl_ms" else [r[m] for r in ok]
+        p50s = [percentile(values(k), 50) for k in reps]
         mean, lo, hi = mean_interval(p50s)
         out.update({f"{prefix}{m}_p50_by_repeat": p50s, f"{prefix}{m}_p50_across": mean,
                     f"{prefix}{m}_p50_across_lo": lo, f"{prefix}{m}_p50_across_hi": hi})
@@ -236,7 +236,7 @@ def format_serve_summary(s: dict) -> str:
 
 
 def repeat_lines(s: dict) -> list[str]:
-    if "ttft_ms_p50_across" not in s:
+    if s.get("ttft_ms_p50_across_lo") is None:  # one pass
         return []
     f = format_value
 
