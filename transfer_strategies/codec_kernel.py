@@ -165,10 +165,11 @@ def _check(cache, piece_offsets, ids, digests, payload_sums, error_max, error_su
         s_at = (k * n_blocks + j).to(tl.int64) * scales_per_block + h * scale_h + g
         s_words = tl.reshape(scale, (G,)).to(tl.int32, bitcast=True)
         s_sum = tl.sum(s_words.to(tl.int64) * odd_weight((value_words + s_at).to(tl.int32), 0).to(tl.int64), axis=0)
-    if FMT == 0:
-        q = q.to(tl.float8e4nv, fp_downcast_rounding="rtne")  # what the payload holds
-        b = q.to(tl.uint8, bitcast=True).to(tl.int32)
-        q = q.to(tl.float32)
+    if FMT == 0:  # what the payload holds, read back from its bits as _decode reads them (converting the
+        # float8 tensor itself gave wrong values on an H200 once it was also bitcast: results/gpu/2026-12-05-s24)
+        bits = q.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        q = bits.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        b = bits.to(tl.int32)
     elif FMT == 1:
         b = q.to(tl.int8).to(tl.uint8, bitcast=True).to(tl.int32)
         q = q.to(tl.int8).to(tl.float32)  # as the receiver reads it: a -0.0 rounded here is a 0 there
