@@ -178,6 +178,9 @@ def corpus(name: str, path: str, prompt_len: int, num_prompts: int, reference_le
     return Workload(name, prompts, concurrency)
 
 
+ANY_VOCAB = (10, 3400)  # token ids inside every model's vocabulary, none of them special: randrange(*ANY_VOCAB)
+
+
 def bench_prompts(lengths: list[int], per_length: int, seed: int = 0) -> str:
     """scripts/bench_strategies.py's prompts file (for workload=jsonl): per_length prompts of each
     length in turn, random token ids in [10, 3400) (inside every model's vocabulary), seeded. The
@@ -185,7 +188,7 @@ def bench_prompts(lengths: list[int], per_length: int, seed: int = 0) -> str:
     bench.lengths and bench.per_length (its meta.json) instead of the file
     (scripts/slim_results.py --prompts DIR writes it again)."""
     rng = random.Random(seed)
-    prompts = [[rng.randrange(10, 3400) for _ in range(n)] for n in lengths for _ in range(per_length)]
+    prompts = [[rng.randrange(*ANY_VOCAB) for _ in range(n)] for n in lengths for _ in range(per_length)]
     return "".join(json.dumps({"prompt": p}) + "\n" for p in prompts)
 
 

@@ -52,7 +52,7 @@ from harness.serving.load import ClientResult, LoadError, LoadSpec, ScheduledReq
 from harness.serving.serve_summary import coalesced, format_serve_summary, serve_summary
 from harness.tracking import track
 from harness.transfers import TransferStats, compute_fields
-from harness.workload import Prompt, Workload, WorkloadError, warmup_workload
+from harness.workload import ANY_VOCAB, Prompt, Workload, WorkloadError, warmup_workload
 
 
 def load_spec(cfg: DictConfig) -> LoadSpec:
@@ -109,7 +109,7 @@ def probe_schedule(cfg: DictConfig, schedule: list[ScheduledRequest]) -> tuple[l
         return [], []
     rng = random.Random(cfg.serve.seed + 2)
     n = math.floor(max(r.arrival_s for r in schedule) / p.interval_s + 1e-9) + 1  # 0.7 // 0.1 is 6.0
-    prompts = [Prompt(i, [rng.randrange(10, 3400) for _ in range(p.prompt_len)]) for i in range(n)]  # any vocabulary's
+    prompts = [Prompt(i, [rng.randrange(*ANY_VOCAB) for _ in range(p.prompt_len)]) for i in range(n)]
     return [ScheduledRequest(i, i, q.token_ids, i * p.interval_s, max_tokens=p.max_tokens)
             for i, q in enumerate(prompts)], prompts
 
