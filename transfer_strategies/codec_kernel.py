@@ -129,6 +129,17 @@ def _digit_sum(v, place, w, BITS: tl.constexpr):
 
 
 @triton.jit
+def _e4m3_value(b):
+    # an FP8 e4m3 byte's value (in int32, 0 to 255): exponent field e, mantissa m; subnormal
+    # (e = 0) m * 2^-9, else (8 + m) * 2^(e - 10); the sign bit on top (0x80: -0.0)
+    e = (b >> 3) & 15
+    m = (b & 7).to(tl.float32)
+    power = ((e + 117) << 23).to(tl.float32, bitcast=True)  # 2^(e - 10)
+    v = tl.where(e == 0, m * 0.001953125, (m + 8.0) * power)
+    return tl.where((b & 128) != 0, -v, v)
+
+
+@triton.jit
 def _check(cache, piece_offsets, ids, digests, payload_sums, error_max, error_sum, n_blocks, block_elems,
            stride_t, stride_h, scales_per_block, scale_t, scale_h, value_words, n_heads, pieces_per_layer,
            T: tl.constexpr, S: tl.constexpr, BLOCK_T: tl.constexpr, C: tl.constexpr, QMAX: tl.constexpr,
@@ -165,11 +176,11 @@ def _check(cache, piece_offsets, ids, digests, payload_sums, error_max, error_su
         s_at = (k * n_blocks + j).to(tl.int64) * scales_per_block + h * scale_h + g
         s_words = tl.reshape(scale, (G,)).to(tl.int32, bitcast=True)
         s_sum = tl.sum(s_words.to(tl.int64) * odd_weight((value_words + s_at).to(tl.int32), 0).to(tl.int64), axis=0)
-    if FMT == 0:  # what the payload holds, read back from its bits as _decode reads them (converting the
-        # float8 tensor itself gave wrong values on an H200 once it was also bitcast: results/gpu/2026-12-05-s24)
-        bits = q.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
-        q = bits.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        b = bits.to(tl.int32)
+    if FMT == 0:  # the payload's bits, and the value they hold decoded with integer arithmetic: on an
+        # H200 a float8 register made here converted back to float32 wrong, read from its bits as
+        # _decode does (bitcast) or not (results/gpu/2026-12-05-s24, 2026-12-05-s25); the bits were right
+        b = q.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True).to(tl.int32)
+        q = _e4m3_value(b)
     elif FMT == 1:
         b = q.to(tl.int8).to(tl.uint8, bitcast=True).to(tl.int32)
         q = q.to(tl.int8).to(tl.float32)  # as the receiver reads it: a -0.0 rounded here is a 0 there
