@@ -194,6 +194,19 @@ class ServeRow:
     # them under serve.coalesced_gap_ms (serve_summary.coalesced); its tpot_ms and itl_ms are then
     # when tokens reached the client, not when the engine made them (None: fewer than 2 tokens)
     coalesced: bool | None = None
+    # the P/D path (from version 15): the baseline's TTFT for the same request (its first pass), and
+    # the time to the decode instance's first token at the client cut along HANDOVER_PATH (they
+    # add up to it; None where an event was not stamped: vLLM's connectors, a failed request)
+    base_ttft_ms: float | None = None
+    handover_router_ms: float | None = None  # client sent -> the router posted the prefill request
+    handover_prefill_queue_ms: float | None = None  # -> the prefill engine's scheduler admitted it
+    handover_prefill_ms: float | None = None  # -> its forward pass done
+    handover_send_ms: float | None = None  # then as overhead_<part>_ms in RequestRow
+    handover_delivery_ms: float | None = None
+    handover_pickup_ms: float | None = None
+    handover_scatter_ms: float | None = None
+    handover_check_ms: float | None = None
+    handover_decode_ms: float | None = None  # -> the decode instance's first token at the client
     repeat: int = 0  # serve.repeats: which pass of the same schedule on its path (from version 14)
     # P/D path, a lossy strategy's (from version 12): as in RequestRow
     codec: str | None = None
@@ -220,6 +233,11 @@ SUMMARY_METRICS = ["base_ttft_ms", "base_e2e_ms", "ttft_ms", "prefill_ttft_ms", 
 CRITICAL_PATH = (("prefill", "forward_done"), ("send", "sent"), ("delivery", "kv_arrived"), ("pickup", "load_start"),
                  ("scatter", "kv_ready"), ("check", "kv_checked"), ("decode", "first_token"))
 OVERHEAD_PARTS = [f"overhead_{part}_ms" for part, _ in CRITICAL_PATH]
+# runner=serve's handover: the P/D path's time to the decode instance's first token at the client,
+# cut along the same path with the router and the prefill instance's queue before the forward pass
+# (harness/transfers.py path_parts); rows hold them as handover_<part>_ms, summary.json their means
+HANDOVER_PATH = (("router", "routed"), ("prefill_queue", "prefill_admitted"), *CRITICAL_PATH)
+HANDOVER_PARTS = [f"handover_{part}_ms" for part, _ in HANDOVER_PATH]
 
 
 def field_names(cls) -> list[str]:

@@ -1,6 +1,6 @@
 """The connectors' records of each transfer, as both runners read them (TransferStats), and what
 a request's row takes from them: its compute fields, its timeline (TIMELINE) and the TTFT overhead
-cut along the KV's critical path (ttft_overhead_parts)."""
+cut along the KV's critical path (ttft_overhead_parts; runner=serve's handover: path_parts)."""
 
 from __future__ import annotations
 
@@ -108,17 +108,46 @@ def timeline(t0: float, pre: dict, dec: dict, send: TransferRecord | None, recv:
     """One request's events on one clock (time.monotonic() in every process), in ms since the
     prefill request was submitted: t_<event>_ms for each of TIMELINE (None where unseen)."""
     stamps = {"prefill_token": pre["first_token_t"], "first_token": dec["first_token_t"],
-              "decode_submitted": dec["submitted_t"]}
+              "decode_submitted": dec["submitted_t"], **record_stamps(send, recv)}
+    return {f"t_{e}_ms": None if stamps.get(e) is None else (stamps[e] - t0) * 1e3 for e in TIMELINE}
+
+
+def record_stamps(send: TransferRecord | None, recv: TransferRecord | None) -> dict[str, float | None]:
+    """The events of a transfer the connectors' records stamp (time.monotonic()), by TIMELINE's names."""
+    stamps = {}
     if send is not None:
         stamps.update(prefill_admitted=send.t_admitted, forward_done=send.t_forward_done, sent=send.t_sent)
     if recv is not None:
         stamps.update(decode_admitted=recv.t_admitted, kv_arrived=recv.t_arrived, load_start=recv.t_load_start,
                       kv_ready=recv.t_kv_ready, kv_checked=recv.t_kv_checked, decode_scheduled=recv.t_decode_scheduled)
-    return {f"t_{e}_ms": None if stamps.get(e) is None else (stamps[e] - t0) * 1e3 for e in TIMELINE}
+    return stamps
+
+
+def path_parts(t: dict, path, kv_gates_first_token: bool = True) -> dict[str, float] | None:
+    """The time to the first token cut along a critical path ((part, the event that ends it), in
+    order; the last event first_token): each part ends at its event's t_<event>_ms. Each point
+    is the latest of itself and the points before it (a worker can take the KV before the
+    doorbell's sender has returned; a hand-off load starts before the KV is in), and no later
+    than the first token: an event stamped after it did not gate it. Overlap is so credited to
+    the earliest part still running: layerwise's KV leaves during the forward pass, whose end is
+    stamped after its last layer has left, and on a loaded machine after the decode engine
+    answered; the whole time is then the forward pass's. So no part is negative and they add up
+    to t_first_token_ms exactly, in any order of events. None without every event, or where the
+    KV did not gate the first token (submitted early, with every block already in the decode
+    engine's prefix cache: vLLM computed it without waiting)."""
+    if not kv_gates_first_token or any(t.get(f"t_{end}_ms") is None for _, end in path):
+        return None
+    out, at, last = {}, 0.0, t["t_first_token_ms"]
+    for part, end in path:
+        end_at = min(max(at, t[f"t_{end}_ms"]), last)
+        out[part] = end_at - at
+        at = end_at
+    return out
 
 
 def ttft_overhead_parts(t: dict, base_ttft_ms: float, kv_gates_first_token: bool = True) -> dict:
-    """The TTFT overhead against the colocated baseline, cut along the KV's critical path:
+    """The TTFT overhead against the colocated baseline, cut along the KV's critical path
+    (path_parts over CRITICAL_PATH, the baseline's TTFT taken off the first part):
       prefill   prefill submitted -> its forward pass done, less the baseline's TTFT
       send      -> every doorbell rung (gather and post)
       delivery  -> the last doorbell at the decode worker
@@ -127,20 +156,8 @@ def ttft_overhead_parts(t: dict, base_ttft_ms: float, kv_gates_first_token: bool
       scatter   -> the KV in the decode engine's own blocks
       check     -> its digests launched, the staging space given back first (the harness's own cost)
       decode    -> the decode engine's first token (scheduling, its forward pass, output)
-    Each point is the latest of itself and the points before it (a worker can take the KV
-    before the doorbell's sender has returned; a hand-off load starts before the KV is in), and
-    no later than the first token: an event stamped after it did not gate it. Overlap is so
-    credited to the earliest part still running: layerwise's KV leaves during the forward pass,
-    whose end is stamped after its last layer has left, and on a loaded machine after the
-    decode engine answered; the whole overhead is then `prefill`. So no part is negative and
-    they add up to the overhead exactly, in any order of events. None without a timeline, or
-    where the KV did not gate the first token (submitted early, with every block already in the
-    decode engine's prefix cache: vLLM computed it without waiting)."""
-    if not kv_gates_first_token or any(t[f"t_{end}_ms"] is None for _, end in CRITICAL_PATH):
+    They add up to the overhead exactly; all None where path_parts is."""
+    parts = path_parts(t, CRITICAL_PATH, kv_gates_first_token)
+    if parts is None:
         return dict.fromkeys(OVERHEAD_PARTS)
-    out, at, last = {}, 0.0, t["t_first_token_ms"]
-    for part, end in CRITICAL_PATH:
-        end_at = min(max(at, t[f"t_{end}_ms"]), last)
-        out[f"overhead_{part}_ms"] = end_at - at - (base_ttft_ms if part == "prefill" else 0.0)
-        at = end_at
-    return out
+    return {f"overhead_{part}_ms": ms - (base_ttft_ms if part == "prefill" else 0.0) for part, ms in parts.items()}

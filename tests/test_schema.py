@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from harness.offline.rows import disagg_row
 from harness.records import run_summary, summarize
 from harness.schema import (
+    HANDOVER_PATH,
     OVERHEAD_PARTS,
     SCHEMA_VERSION,
     SUMMARY_METRICS,
@@ -19,7 +20,7 @@ from harness.schema import (
     field_names,
 )
 from harness.serving.serve_summary import LATENCIES, ROUTER_MARKS
-from harness.transfers import TIMELINE, TransferStats, ttft_overhead_parts
+from harness.transfers import TIMELINE, TransferStats, path_parts, ttft_overhead_parts
 from harness.workload import Prompt
 from tests.helpers.serving import serve_rows, serve_summary_of
 from transfer_strategies.records import ComputeRecord, TransferRecord, TransferRecordReader, TransferRecordWriter
@@ -247,3 +248,23 @@ def test_a_receive_record_that_comes_late_is_waited_for_when_the_kv_was_sent(tmp
     assert recv is not None and agree is True and 1.9 < time.monotonic() - t0 < 10
     t0 = time.monotonic()
     assert stats.take_transfer("aborted", received=False)[1] is None and time.monotonic() - t0 < 2
+
+
+def test_a_serving_requests_handover_parts_add_up_to_its_time_to_the_decodes_first_token():
+    """runner=serve: the router's stamp and the prefill engine's admission come before the forward
+    pass; the rows' parts add up to the decode's first token, the summary's means to their mean,
+    and that less the baseline's TTFT is the overhead."""
+    t = {"t_routed_ms": 1.5, "t_prefill_admitted_ms": 40.0, "t_forward_done_ms": 90.0, "t_sent_ms": 91.0,
+         "t_kv_arrived_ms": 91.2, "t_load_start_ms": 95.0, "t_kv_ready_ms": 96.0, "t_kv_checked_ms": 96.5,
+         "t_first_token_ms": 110.0}
+    parts = path_parts(t, HANDOVER_PATH)
+    assert list(parts) == [p for p, _ in HANDOVER_PATH] and abs(sum(parts.values()) - 110.0) < 1e-9
+    assert parts["router"] == 1.5 and parts["prefill_queue"] == 38.5 and parts["prefill"] == 50.0
+    assert path_parts({**t, "t_routed_ms": None}, HANDOVER_PATH) is None
+    rows = serve_rows()
+    for i, r in enumerate(r for r in rows if r["path"] == "disagg"):
+        r.update(base_ttft_ms=80.0 + i, **{f"handover_{p}_ms": v * (i + 1) for p, v in parts.items()})
+    s = serve_summary_of(rows)
+    assert s["handover_requests"] == 3 and abs(s["handover_ttft_mean_ms"] - 220.0) < 1e-9  # 110 x mean(1, 2, 3)
+    assert abs(sum(s["handover_parts_mean_ms"].values()) - s["handover_ttft_mean_ms"]) < 1e-9
+    assert s["handover_base_ttft_mean_ms"] == 81.0 and abs(s["handover_overhead_mean_ms"] - 139.0) < 1e-9

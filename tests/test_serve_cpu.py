@@ -24,6 +24,7 @@ from harness import process_group
 from harness.engine_config import free_port
 from harness.records import read_jsonl
 from harness.results import load_requests, load_runs
+from harness.schema import HANDOVER_PARTS
 from harness.serving import arrivals
 from harness.serving.instances import InstanceDied, ServerProcess, serve_command
 from harness.serving.load import TIMED_OUT, LoadError, LoadSpec, arrival_schedule
@@ -282,6 +283,13 @@ def test_the_serving_runner_checks_every_request_under_load(results_dir):
     assert d["match"].all() and d["digest_match"].all() and (d["bytes"] > 0).all()
     assert ((d["meets_slo"]) == (d["ttft_ms"] <= 500)).all()
     assert (df.groupby("request_idx")["arrival_s"].nunique() == 1).all()  # one schedule for every path
+    # the handover on one clock: every part stamped, adding up to the decode's first token at the client
+    parts = d[HANDOVER_PARTS]
+    assert parts.notna().all().all() and (parts >= 0).all().all() and (d["handover_prefill_ms"] > 0).all()
+    assert ((parts.sum(axis=1) - d["decode_ttft_ms"]).abs() <= 0.05 * d["decode_ttft_ms"]).all()
+    assert s["handover_requests"] == len(d) and d["base_ttft_ms"].notna().all()
+    assert abs(s["handover_overhead_mean_ms"] - (d["decode_ttft_ms"].mean() - d["base_ttft_ms"].mean())) < 0.05 * abs(
+        s["handover_ttft_mean_ms"])
     runs = load_runs(run.run_dir)
     assert runs.loc[0, "runner.name"] == "serve" and runs.loc[0, "ttft_ms_p50"] == s["ttft_ms_p50"]
     servers = json.loads((run.run_dir / "servers.json").read_text())

@@ -50,7 +50,11 @@ from pathlib import Path
 #      codec_error and digests come from one pass over its blocks (on CUDA), its digest_ms is
 #      that pass's time; send records gain hook_ms (a streaming strategy's host time in the
 #      forward pass's per-layer hooks), request rows and summary.json hook_ms too
-SCHEMA_VERSION = 14
+#  14: runner=serve's repeats, probes, trace replay, ramp-up, coalesced streams, matched baselines
+#      (results/README.md)
+#  15: runner=serve's handover: its P/D rows gain base_ttft_ms and handover_<part>_ms, its summary
+#      handover_parts_mean_ms (harness/schema.py HANDOVER_PATH)
+SCHEMA_VERSION = 15
 UNVERSIONED = 1  # what a row without schema_version is
 
 

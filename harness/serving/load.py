@@ -150,6 +150,8 @@ class ClientResult:
     t_done: float | None = None
     t_prefill_token: float | None = None  # the router had the prefill instance's answer (its mark)
     t_decode_token: float | None = None  # the decode instance's first token reached the router (its mark)
+    t_routed: float | None = None  # the router posted the prefill request (its `: routed` stamp)
+    t_origin: float | None = None  # when the client posted it, on time.monotonic(): the times above count from it
     token_times: list[float] = field(default_factory=list)  # when each output token arrived
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -196,7 +198,7 @@ async def send_one(session: aiohttp.ClientSession, url: str, model: str, req: Sc
 async def _exchange(session: aiohttp.ClientSession, url: str, body: dict, headers: dict, req: ScheduledRequest,
                     max_tokens: int, res: ClientResult) -> ClientResult:
     """The request's stream into res, as it comes."""
-    t0 = time.monotonic()
+    t0 = res.t_origin = time.monotonic()
     try:
         async with session.post(url, json=body, headers=headers) as r:
             res.transfer_id = r.headers.get("X-Transfer-Id")
@@ -210,6 +212,8 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: dict, header
                     res.t_prefill_token = now - t0
                 elif line == b": decode-token":
                     res.t_decode_token = now - t0
+                elif line.startswith(b": routed "):
+                    res.t_routed = float(line[9:]) - t0
                 if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
                 chunk = json.loads(line[6:])

@@ -27,7 +27,9 @@ injected into its request's transfer (the prefill request's kv_transfer_params c
 offline runner's do): the harness's fault scenarios under runner=serve. A client that sends
 `X-Router-Marks: 1` gets SSE comments (which clients skip) in a streamed
 P/D answer when the prefill's answer came (`: prefill-token`) and before the decode instance's
-first token (`: decode-token`): the harness records both times.
+first token (`: decode-token`): the harness records both times. Before the first, `: routed <t>`
+says when the router posted the prefill request (t: its time.monotonic(), which every process of
+a machine shares): the harness's handover decomposition starts with it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import asyncio
 import itertools
 import json
 import sys
+import time
 import uuid
 
 import aiohttp
@@ -199,9 +202,10 @@ class Router:
             await out.prepare(request)
 
         async def prefill_and_tell() -> dict:
+            routed = time.monotonic()
             answer = await self._prefill(p_url, request.path, self.prefill_body(body, transfer_id, fault))
             if marks:
-                await out.write(b": prefill-token\n\n")
+                await out.write(f": routed {routed:.6f}\n\n: prefill-token\n\n".encode())
             if first:
                 await out.write(sse(prefill_token_chunk(answer)))
             return answer

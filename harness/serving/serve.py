@@ -44,14 +44,14 @@ from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.compare import compare_outputs
 from harness.engine_config import pulls
 from harness.records import JsonlWriter, ended_early, read_jsonl, versions, write_json
-from harness.schema import ServeRow
+from harness.schema import HANDOVER_PATH, ServeRow
 from harness.serving.arrivals import build as build_arrivals
 from harness.serving.deployment import ServingDeployment, instance_counts
 from harness.serving.instances import InstanceDied
 from harness.serving.load import ClientResult, LoadError, LoadSpec, ScheduledRequest, arrival_schedule, send_all
 from harness.serving.serve_summary import coalesced, format_serve_summary, serve_summary
 from harness.tracking import track
-from harness.transfers import TransferStats, compute_fields
+from harness.transfers import TransferStats, compute_fields, path_parts, record_stamps
 from harness.workload import ANY_VOCAB, Prompt, Workload, WorkloadError, warmup_workload
 
 
@@ -202,6 +202,7 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, ba
     kv_ms = None
     if send is not None and recv is not None and send.t_forward_done and recv.t_kv_ready:
         kv_ms = (recv.t_kv_ready - send.t_forward_done) * 1e3
+    parts = handover(cfg, r, send, recv) if ok and path.startswith("disagg") else None
     return ServeRow(
         run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name, workload=cfg.workload.name, device=device,
         path=path, request_idx=r.index, prompt_idx=r.prompt_idx, prompt_len=r.prompt_len,
@@ -212,6 +213,9 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, ba
         match=cmp.match if cmp else None, first_divergence=cmp.first_divergence if cmp else None,
         max_logprob_diff=cmp.max_logprob_diff if cmp else None, near_tie=cmp.near_tie if cmp else None,
         transfer_id=r.transfer_id, repeat=repeat,
+        base_ttft_ms=(base.t_first * 1e3 if path.startswith("disagg") and base is not None and base.t_first is not None
+                      else None),
+        **{f"handover_{part}_ms": parts[part] if parts else None for part, _ in HANDOVER_PATH},
         digest_match=digest_match, transfer_error=recv.error if recv else None,
         bytes=send.bytes if send else None, blocks=send.blocks if send else None,
         skip_blocks=recv.skip_blocks if recv else None,
@@ -220,6 +224,20 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, ba
         decode_preemptions=computed["decode_preemptions"], kv_recomputed=computed["kv_recomputed"],
         token_ids=r.token_ids, fault=r.fault, aborted="client" if r.aborted else None,
         task_score=task_score(r.token_ids, p.reference) if ok else None, **codec_fields(send, recv)).to_dict()
+
+
+def handover(cfg, r: ClientResult, send, recv) -> dict[str, float] | None:
+    """The P/D request's time to the decode instance's first token at the client, cut along
+    HANDOVER_PATH on one clock: the client's, the router's `routed` stamp and the connectors'
+    records (harness/transfers.py path_parts). None where a stamp is missing (vLLM's connectors,
+    endpoints not through the project's router) or where the KV did not gate the first token."""
+    first = r.t_decode_token if r.t_decode_token is not None else None if cfg.serve.stream_prefill_token else r.t_first
+    if r.t_origin is None or r.t_routed is None or first is None:
+        return None
+    t = {f"t_{e}_ms": None if v is None else (v - r.t_origin) * 1e3 for e, v in record_stamps(send, recv).items()}
+    t.update(t_routed_ms=r.t_routed * 1e3, t_first_token_ms=first * 1e3)
+    gated = not (decode_submit(cfg) == "early" and recv is not None and recv.blocks == recv.skip_blocks)
+    return path_parts(t, HANDOVER_PATH, kv_gates_first_token=gated)
 
 
 class RowWriter:

@@ -31,7 +31,7 @@ from harness.checks import stored_kv_dtype
 from harness.records import prefix_hit_lines, prefix_hits, read_jsonl, recompute_counts
 from harness.scenario import aborted, fault_counts, given
 from harness.scenario import lines as scenario_lines
-from harness.schema import SCHEMA_VERSION
+from harness.schema import HANDOVER_PARTS, HANDOVER_PATH, SCHEMA_VERSION
 from harness.serving.deployment import instance_counts
 from harness.serving.load import TIMED_OUT
 from harness.stats import Column, format_table, format_value, mean_interval, p50_with_interval, percentile
@@ -90,6 +90,33 @@ def path_stats(rows: list[dict], prefix: str = "") -> dict:
     out[f"{prefix}slo_attainment"] = good / len(uncancelled) if uncancelled else None
     out[f"{prefix}coalesced"] = sum(bool(r.get("coalesced")) for r in ok)
     return out
+
+
+def handover_stats(rows: list[dict]) -> dict:
+    """The P/D requests' handover (harness/schema.py HANDOVER_PATH) in means over the requests
+    that have every part and a baseline TTFT: `handover_parts_mean_ms` ({part: ms}), which add up
+    to `handover_ttft_mean_ms` (the mean time to the decode instance's first token), the same
+    requests' baseline TTFT and the difference, the mean TTFT overhead the parts explain."""
+    timed = [r for r in rows if r["status"] == "ok" and r.get("base_ttft_ms") is not None
+             and all(r.get(k) is not None for k in HANDOVER_PARTS)]
+    out = {"handover_requests": len(timed), "handover_parts_mean_ms": None, "handover_ttft_mean_ms": None,
+           "handover_base_ttft_mean_ms": None, "handover_overhead_mean_ms": None}
+    if timed:
+        parts = {part: sum(r[f"handover_{part}_ms"] for r in timed) / len(timed) for part, _ in HANDOVER_PATH}
+        ttft, base = sum(parts.values()), sum(r["base_ttft_ms"] for r in timed) / len(timed)
+        out.update(handover_parts_mean_ms=parts, handover_ttft_mean_ms=ttft, handover_base_ttft_mean_ms=base,
+                   handover_overhead_mean_ms=ttft - base)
+    return out
+
+
+def handover_lines(s: dict) -> list[str]:
+    parts = s.get("handover_parts_mean_ms")
+    if not parts:
+        return []
+    return [f"handover, means over {s['handover_requests']} P/D requests: decode's first token "
+            f"{s['handover_ttft_mean_ms']:.1f} ms = " + "  ".join(f"{k} {v:.1f}" for k, v in parts.items()),
+            f"  against the baseline's TTFT {s['handover_base_ttft_mean_ms']:.1f} ms for the same requests: "
+            f"{s['handover_overhead_mean_ms']:+.1f} ms"]
 
 
 def across_repeats(rows: list[dict], prefix: str = "") -> dict:
@@ -151,6 +178,7 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
                  "kv_cache_dtype": stored_kv_dtype(cfg), "coalesced_gap_ms": cfg.serve.coalesced_gap_ms}
     out.update(path_stats(disagg))
     out.update(path_stats(base, "base_"))
+    out.update(handover_stats(disagg))
     out["repeats"] = cfg.serve.repeats
     out.update(across_repeats(disagg))
     out.update(across_repeats(base, "base_"))
@@ -230,7 +258,8 @@ def format_serve_summary(s: dict) -> str:
         f"({s.get('mismatches')} differ, {s.get('near_ties', 0)} of them at a near tie); "
         f"the baseline matches itself {f(s.get('baseline_self_match_rate'), '.3f')} "
         f"({s.get('baseline_self_mismatches')} differ); digest failures {s.get('digest_failures')}/"
-        f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}", *accuracy_line(s),
+        f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}", *handover_lines(s),
+        *accuracy_line(s),
         *prefix_hit_lines(s), *scenario_lines(s), *coalesced_lines(s), *probe_lines(s), *repeat_lines(s),
         *([f"aborted by the client at a random time: {s['aborted']}"] if s.get("aborted") else [])])
 
