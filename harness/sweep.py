@@ -25,6 +25,8 @@ SERVE_COLUMNS += [Column(k, interval=True) for k in ("ttft_ms_p50", "base_ttft_m
                                                      "base_tpot_ms_p50")]
 SERVE_COLUMNS += [Column(k, spec=".3g") for k in ("ttft_ms_p99", "goodput", "base_goodput", "slo_attainment",
                                                    "match_rate", "baseline_self_match_rate", "digest_failures")]
+# the handover's mean TTFT overhead against the same requests' baseline (each run's summary cuts it into parts)
+SERVE_COLUMNS += [Column("handover overhead ms", "handover_overhead_mean_ms", "+.1f")]
 KEYS = list(dict.fromkeys(k for c in COLUMNS + SERVE_COLUMNS
                           for k in ([c.key, f"{c.key}_lo", f"{c.key}_hi"] if c.interval else [c.key])))
 KEYS.append("runner")

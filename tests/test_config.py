@@ -82,6 +82,23 @@ def test_every_readme_router_command_is_accepted():
         assert a.prefill and a.decode
 
 
+def test_every_readme_deploy_command_composes_as_runner_serve_and_passes_the_checks():
+    """python -m harness.deploy: runner=serve's configuration (the entry point puts runner=serve
+    first), its instance counts checked as deploy checks them; the test deployment of
+    tests/test_serve_deployment.py runs the README's 2P1D one."""
+    from harness.serving.serve import check_instances
+    from tests.test_serve_deployment import DEPLOY
+
+    commands = [shlex.split(without_comment(m.group(1))) for line in readme_code_lines()
+                if (m := re.search(r"python -m harness\.deploy\b(.*)", line))]
+    assert len(commands) >= 2 and list(DEPLOY) in commands
+    for args in commands:
+        cfg = compose_job(["runner=serve", *args])
+        assert cfg.runner.name == "serve" and not missing(cfg)
+        check_settings(cfg)
+        check_instances(cfg)
+
+
 def readme_bench_commands() -> list[tuple[str, list[str], bool]]:
     commands = []
     for line in readme_code_lines():

@@ -29,7 +29,7 @@ from harness.serving import arrivals
 from harness.serving.instances import InstanceDied, ServerProcess, serve_command
 from harness.serving.load import TIMED_OUT, LoadError, LoadSpec, arrival_schedule
 from harness.serving.router import Pool, Router
-from tests.conftest import FULL, SLOW, refused_in_process, run_harness
+from tests.conftest import FULL, SLOW, compose_config, refused_in_process, run_harness
 from tests.helpers.serving import config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -452,3 +452,19 @@ def test_the_crosscheck_benchmark_runs_as_the_readme_shows(results_dir):
     result = json.loads((out / "crosscheck.json").read_text())
     assert result["outputs_match"] and result["vllm_requests"] == 4 and result["harness_requests"] == 64
     assert result["harness_requests_during"] >= 1 and result["tpot_ms_ratio"] > 0 and "ttft_ms p50" in p.stdout
+
+
+@pytest.mark.parametrize("override,message", [
+    ("serve.decode_instances=2", "push each prefill instance's KV to one decode instance"),
+    ("serve.endpoints.disagg=http://127.0.0.1:9", "starts a deployment"),
+    ("serve.prefill_instances=0", "serve.prefill_instances must be a whole number >= 1"),
+])
+def test_deploy_refuses_bad_input_with_one_line_and_exit_2_before_anything_starts(tmp_path, capsys, override,
+                                                                                  message):
+    from harness.deploy import deploy
+
+    cfg = compose_config("runner=serve", "device=cpu", override)
+    assert deploy(cfg, tmp_path / "d") == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "d" / "servers.json").exists()

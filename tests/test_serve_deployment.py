@@ -1,6 +1,7 @@
-"""Serving mode on CPU (issue 13), against one deployment the tests share: a colocated `vllm
-serve` instance, two prefill instances and one decode instance with this project's connector
-(2P1D), and the router in front of them started as a user would (`python -m harness.router`):
+"""Serving mode on CPU (issue 13), against one deployment the tests share, started as a user
+starts one (`python -m harness.deploy`): a colocated `vllm serve` instance behind a router, two
+prefill instances and one decode instance with this project's connector (2P1D) behind the P/D
+router (`python -m harness.router`), left running for outside clients until Ctrl-C:
 its answers equal the colocated instance's, streamed or not, with the prefill's token streamed
 first or not, every transfer's digests match, and no KV block stays held; `vllm bench serve`
 agrees with the harness's client; `runner=serve` measures the running deployment as it is."""
@@ -9,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import runpy
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -22,9 +25,8 @@ import pytest
 
 from harness import process_group
 from harness.compare import compare_outputs
-from harness.engine_config import engine_args, engine_env, free_port, transfer_config
 from harness.records import read_jsonl
-from harness.serving.instances import vllm_instance
+from harness.serving.instances import ServerProcess, router_process
 from harness.serving.load import ScheduledRequest, send_one
 from tests.conftest import ROOT, run_harness
 from tests.helpers.serving import config
@@ -35,55 +37,60 @@ PROMPTS = [[(7 * i + 3 * k) % 500 + 3 for i in range(n)] for k, n in enumerate((
 MAX_TOKENS = 8
 
 
+class Deployed:
+    """A server `python -m harness.deploy` started (its entry in servers.json)."""
+
+    def __init__(self, name: str, entry: dict):
+        self.name, self.url, self.pid = name, entry["url"], entry["pid"]
+
+    def alive(self) -> bool:
+        return bool(process_group.members(self.pid))
+
+    metric = ServerProcess.metric  # reads self.url's /metrics
+
+
+DEPLOY = ("strategy=fused", "serve.prefill_instances=2", "serve.deploy_baseline=true")
+
+
 @pytest.fixture(scope="module")
 def deployment(results_dir):
-    """A colocated instance, two prefill instances and a decode instance (fused, 2P1D: the decode
-    worker has a KV channel from each prefill worker), and the router in front of them."""
+    """`python -m harness.deploy` as a user starts it: a colocated instance behind its router, two
+    prefill instances and a decode instance (fused, 2P1D: the decode worker has a KV channel from
+    each prefill worker) behind the P/D router; beside it a router of the test's own that
+    streams the prefill's token first. The last test stops the deployment (Ctrl-C)."""
     cfg = config("strategy=fused")
     run_dir = results_dir / "serve-fused"
-    for f in run_dir.glob("*"):
-        f.unlink()
-    args, env = engine_args(cfg, "cpu"), engine_env(cfg, "cpu", 0)
-    prefills = ("prefill0", "prefill1")
-    rendezvous = [run_dir / f"kv-channel-{p}.port" for p in prefills]
-    instances = {"baseline": vllm_instance("baseline", args, env, run_dir / "baseline.log")}
-    for side, rv in (*zip(prefills, rendezvous), ("decode", rendezvous)):
-        kv = transfer_config(cfg, side.rstrip("01"), rv, run_dir / f"{side}-transfers.jsonl")
-        instances[side] = vllm_instance(side, {**args, "kv_transfer_config": kv}, env, run_dir / f"{side}.log")
-    routers = []
+    shutil.rmtree(run_dir, ignore_errors=True)
+    shm_before = set(os.listdir("/dev/shm"))
+    cmd = [sys.executable, "-m", "harness.deploy", f"hydra.run.dir={run_dir}", "device=cpu", "engine.max_model_len=512",
+           "engine.kv_cache_gib=0.25", *DEPLOY]
+    out = open(results_dir / "serve-fused.deploy.log", "w")  # noqa: SIM115 (open while the deployment runs)
+    deploy = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    router = None
     try:
-        for inst in instances.values():
-            inst.start()
-        for inst in instances.values():
-            inst.wait_healthy(timeout_s=600)
-        urls = []
-        prefill_urls = [a for p in prefills for a in ("--prefill", instances[p].url)]
-        for name, options in (("router", [*prefill_urls, "--decode", instances["decode"].url]),
-                              ("router-first", [*prefill_urls, "--decode", instances["decode"].url,
-                                                "--stream-prefill-token"]),
-                              ("router-colocated", ["--decode", instances["baseline"].url])):
-            port = free_port()
-            with open(run_dir / f"{name}.log", "w") as log:
-                routers.append(subprocess.Popen([sys.executable, "-m", "harness.router", "--port", str(port), *options],
-                                                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT))
-            urls.append(f"http://127.0.0.1:{port}")
-        for url in urls:
-            for _ in range(100):
-                try:
-                    if httpx.get(url + "/health", timeout=10).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.2)
-        yield {"router": urls[0], "router_first": urls[1], "router_colocated": urls[2], "run_dir": run_dir,
-               "model": str(cfg.model.path),
-               "prefills": prefills, **instances}
+        deadline = time.monotonic() + 600
+        while not (run_dir / "endpoints.json").exists():
+            assert deploy.poll() is None and time.monotonic() < deadline, (
+                results_dir / "serve-fused.deploy.log").read_text()[-3000:]
+            time.sleep(0.5)
+        endpoints = json.loads((run_dir / "endpoints.json").read_text())
+        servers = {n: Deployed(n, e) for n, e in json.loads((run_dir / "servers.json").read_text()).items()}
+        prefills = ("prefill0", "prefill1")
+        router = router_process("router-first", [servers[p].url for p in prefills], [servers["decode"].url],
+                                run_dir / "router-first.log", "--stream-prefill-token").start()
+        router.wait_healthy(60)
+        yield {"router": endpoints["disagg"], "router_first": router.url, "router_colocated": endpoints["baseline"],
+               "run_dir": run_dir, "model": str(cfg.model.path), "prefills": prefills, "deploy": deploy,
+               "servers": servers, "shm_before": shm_before,
+               **{n: s for n, s in servers.items() if not n.endswith("router")}}
     finally:
-        for router in routers:
-            router.terminate()
-            router.wait(10)
-        for inst in instances.values():
-            inst.stop()
+        if router is not None:
+            router.stop()
+        if deploy.poll() is None:
+            deploy.send_signal(signal.SIGINT)
+            deploy.wait(60)
+        out.close()
 
 
 def complete(url: str, model: str, prompt: list[int], stream: bool = False, request_id: str | None = None) -> str:
@@ -152,6 +159,28 @@ def test_the_router_answers_as_a_colocated_instance_with_every_transfer_checked(
                for t in received)
     assert received["again-2"]["digests"] == {h: [] for h in sent["again-2"]["digests"]}
     assert_no_block_held(d)
+
+
+@pytest.mark.engine
+def test_each_instances_metrics_count_its_connectors_transfers(deployment):
+    """vLLM's own connector-stats hooks (transfer_strategies/connector_stats.py): a Prometheus
+    scrape of each instance counts the transfers and bytes its records hold. One more request
+    first: a transfer recorded off the engine's steps (every block in the decode engine's prefix
+    cache, its message in after the request was scheduled: the earlier test's again-2) is
+    counted with the engine's next step."""
+    d = deployment
+    complete(d["router"], d["model"], [11 + i for i in range(50)], request_id="metrics-0")
+    for name in (*d["prefills"], "decode"):
+        for _ in range(100):  # the counts reach the API server with the step's output, the records a moment later
+            records = read_jsonl(d["run_dir"] / f"{name}-transfers.jsonl")
+            counted = d[name].metric("vllm:kv_harness_transfers_total")
+            if records and counted == len(records):
+                break
+            time.sleep(0.1)
+        assert counted == len(records) >= 4, name
+        assert d[name].metric("vllm:kv_harness_bytes_total") == sum(r["bytes"] for r in records) > 0
+        assert d[name].metric("vllm:kv_harness_transfer_seconds_total") > 0
+        assert d[name].metric("vllm:kv_harness_failed_transfers_total") == 0
 
 
 @pytest.mark.engine
@@ -315,14 +344,13 @@ def test_conversations_are_served_turn_after_turn(deployment, results_dir):
 
 
 @pytest.mark.engine
-def test_instances_stop_with_their_whole_process_group(deployment):
-    """Last of the deployment's tests: it stops the decode instance."""
+def test_ctrl_c_stops_the_deployment_with_every_process_group(deployment):
+    """Last of the deployment's tests: Ctrl-C on `python -m harness.deploy` stops every instance
+    (its API server and engine core) and router, leaves no shared-memory segment, exits 0."""
     d = deployment
-    inst = d["decode"]
-    pid = inst.proc.pid
-    group = process_group.members(pid)
-    assert pid in group and len(group) >= 2  # the API server and its engine core
-    inst.stop()
-    assert not inst.alive()
-    assert process_group.members(pid) == []
-
+    assert len(process_group.members(d["decode"].pid)) >= 2  # the API server and its engine core
+    assert set(d["servers"]) == {"baseline", "prefill0", "prefill1", "decode", "baseline_router", "router"}
+    d["deploy"].send_signal(signal.SIGINT)
+    assert d["deploy"].wait(60) == 0
+    assert not any(s.alive() for s in d["servers"].values())
+    assert set(os.listdir("/dev/shm")) - d["shm_before"] == set()

@@ -83,6 +83,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from transfer_strategies.clock import DeviceTimer
 from transfer_strategies.codecs import Codec
 from transfer_strategies.connector_config import ConnectorConfig, NoParams
+from transfer_strategies.connector_stats import TransferCounts, TransferPromMetrics
 from transfer_strategies.faults import TransferFault
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.records import RecordWriters, compute_path
@@ -286,6 +287,18 @@ class TransferConnector(KVConnectorBase_V1):
                 self.begin_send(req)
                 self.send(req)
             self.end_send(req)
+
+    # ------------------------------------------------------------ counters in /metrics (connector_stats.py)
+    def get_kv_connector_stats(self) -> TransferCounts | None:
+        return None if self.worker is None else self.worker.tally.take()
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict | None = None) -> TransferCounts:
+        return TransferCounts(data=dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(cls, vllm_config, metric_types, labelnames, per_engine_labelvalues) -> TransferPromMetrics:
+        return TransferPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
 
     def shutdown(self):
         if self.worker is not None:

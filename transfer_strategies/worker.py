@@ -23,6 +23,7 @@ from transfer_strategies.clock import DeviceTimer, SendClock
 from transfer_strategies.codec_checks import PayloadCheck, SendCheck
 from transfer_strategies.codecs import Codec
 from transfer_strategies.connector_config import HarnessSettings, TransportSettings
+from transfer_strategies.connector_stats import Tally
 from transfer_strategies.digests import BlockDigests
 from transfer_strategies.faults import WITHHELD, TransferFault, check_message, damage, header
 from transfer_strategies.head_shards import open_sharded
@@ -48,6 +49,7 @@ class TransferWorker:
         self.transport = transport or TransportSettings()
         self.verify = harness.verify
         self.records = RecordQueue()
+        self.tally = Tally()  # what this worker recorded, for vLLM's /metrics (connector_stats.py)
         self.writers: RecordWriters | None = None  # made in register, when this worker's rank is known
         self.kv: KVBlocks | None = None
         self.place: Placement | None = None
@@ -303,8 +305,6 @@ class TransferWorker:
             times.update(codec=self.codec.name, codec_ms=req.progress.codec_ms() if req.progress.codec_ms else None)
         if "t_kv_ready" in times:  # what checking the KV held up the request (launching its digests)
             times["t_kv_checked"] = time.monotonic()
-        if writer is None:
-            return
         record = TransferRecord(
             transfer_id=req.transfer_id, side=side, strategy=self.strategy, blocks=len(req.block_ids),
             fault=req.asked.fault,
@@ -312,6 +312,9 @@ class TransferWorker:
             block_ids=list(req.block_ids),
             skip_blocks=req.skip_blocks, tokens=req.num_tokens, kv_cache_blocks=self.kv.num_blocks,
             kv_cache_bytes=self.kv.cache_bytes(), bytes=req.progress.bytes, messages=req.progress.messages, **times)
+        self.tally.add(record)
+        if writer is None:
+            return
         if side == "send" or "t_decode_scheduled" in times:
             self.records.put(writer, record, pending)
         elif req.req_id in self._scheduled_at or "error" in times:

@@ -44,13 +44,14 @@ class ServingDeployment:
     with this project's (push) strategies each prefill instance has a KV channel of its own to
     the one decode instance (transport/fan_in.py); vLLM's pull connector takes any shape."""
 
-    def __init__(self, cfg: DictConfig, device: str, run_dir: Path):
+    def __init__(self, cfg: DictConfig, device: str, run_dir: Path, baseline: bool = True):
+        """baseline: also the colocated instances and their router (python -m harness.deploy may go without)."""
         self.cfg, self.run_dir = cfg, run_dir
         self.servers: dict[str, ServerProcess] = {}
         self.semaphores_before = process_group.semaphores()
         s = cfg.serve
         counts = instance_counts(cfg)
-        self.baseline_names = instance_names("baseline", counts["baseline"])
+        self.baseline_names = instance_names("baseline", counts["baseline"]) if baseline else []
         self.prefill_names = instance_names("prefill", counts["prefill"])
         self.decode_names = instance_names("decode", counts["decode"])
         self.rendezvous = [run_dir / f"kv-channel-{p}.port" for p in self.prefill_names]
@@ -102,15 +103,18 @@ class ServingDeployment:
                    "--policy", s.policy, "--timeout-s", str(hang_s),
                    *(["--stream-prefill-token"] if s.stream_prefill_token else []),
                    *(["--corrupt"] if cfg.check.corrupt else [])]
-        self.servers["baseline_router"] = router_process(
-            "baseline_router", [], [self.servers[b].url for b in self.baseline_names],
-            self.run_dir / "baseline_router.log", "--policy", s.policy, "--timeout-s", str(hang_s))
+        routers = {"router": "disagg"}
+        if self.baseline_names:
+            self.servers["baseline_router"] = router_process(
+                "baseline_router", [], [self.servers[b].url for b in self.baseline_names],
+                self.run_dir / "baseline_router.log", "--policy", s.policy, "--timeout-s", str(hang_s))
+            routers["baseline_router"] = "baseline"
         self.servers["router"] = router_process(
             "router", [self.servers[p].url for p in self.prefill_names],
             [self.servers[d].url for d in self.decode_names], self.run_dir / "router.log", *handoff)
-        for name in ("baseline_router", "router"):
+        for name in routers:
             self.servers[name].start().wait_healthy(60)
-        self.urls = {"baseline": self.servers["baseline_router"].url, "disagg": self.servers["router"].url}
+        self.urls = {path: self.servers[name].url for name, path in routers.items()}
         self.write_pids()
 
     def write_pids(self) -> None:

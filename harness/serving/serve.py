@@ -86,6 +86,15 @@ def check_serve_inputs(cfg: DictConfig) -> None:
     gap = cfg.serve.coalesced_gap_ms
     if isinstance(gap, bool) or not isinstance(gap, int | float) or not gap > 0:
         raise LoadError(f"serve.coalesced_gap_ms must be a number > 0, got {gap!r}")
+    check_instances(cfg)
+    ends = cfg.serve.endpoints
+    if (ends.baseline is None) != (ends.disagg is None):
+        raise LoadError("serve.endpoints needs both a baseline and a disagg URL (or neither: the harness "
+                        "starts its own instances)")
+
+
+def check_instances(cfg: DictConfig) -> None:
+    """Each side's instance count (runner=serve and python -m harness.deploy)."""
     for side in ("baseline", "prefill", "decode"):
         n = cfg.serve[f"{side}_instances"]
         if (not isinstance(n, int) or isinstance(n, bool) or n < 1) and not (side == "baseline" and n == "matched"):
@@ -95,10 +104,6 @@ def check_serve_inputs(cfg: DictConfig) -> None:
         raise LoadError(f"serve.decode_instances={cfg.serve.decode_instances}: this project's strategies push each "
                         f"prefill instance's KV to one decode instance; use several prefill instances "
                         f"(serve.prefill_instances) with one decode instance, or a pull strategy (strategy=vllm_nixl)")
-    ends = cfg.serve.endpoints
-    if (ends.baseline is None) != (ends.disagg is None):
-        raise LoadError("serve.endpoints needs both a baseline and a disagg URL (or neither: the harness "
-                        "starts its own instances)")
 
 
 def probe_schedule(cfg: DictConfig, schedule: list[ScheduledRequest]) -> tuple[list[ScheduledRequest], list[Prompt]]:
