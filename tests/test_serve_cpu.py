@@ -28,7 +28,8 @@ from harness.schema import HANDOVER_PARTS
 from harness.serving import arrivals
 from harness.serving.instances import InstanceDied, ServerProcess, serve_command
 from harness.serving.load import TIMED_OUT, LoadError, LoadSpec, arrival_schedule
-from harness.serving.router import Pool, Router
+from harness.serving.router import PREFIX_TOKENS, Pool, Router
+from harness.serving.serve import check_instances
 from tests.conftest import FULL, SLOW, compose_config, refused_in_process, run_harness
 from tests.helpers.serving import config
 
@@ -106,6 +107,27 @@ def test_pools_pick_round_robin_or_the_least_busy_and_bad_settings_are_refused()
     p = subprocess.run([sys.executable, "-m", "harness.router", "--prefill", "http://a", "--decode", "http://b",
                         "--handoff", "pull", "--decode-submit", "early"], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.startswith("error: a pull handoff")
+
+
+def test_prefix_hash_sends_prompts_that_share_their_first_tokens_to_one_instance():
+    """serve.prefill_policy=prefix_hash: a prompt's first PREFIX_TOKENS tokens pick the instance
+    (rendezvous hashing), so a conversation's turns and prompts with one system prompt meet their
+    prefix cache; different prefixes spread; an instance removed moves only the prefixes it held."""
+    urls = [f"http://p{i}" for i in range(4)]
+    pool = Pool(urls, "prefix_hash")
+    prompts = [[k] * PREFIX_TOKENS for k in range(200)]
+    picked = [pool.pick({"prompt": p + [7, 8, 9]}) for p in prompts]
+    assert picked == [pool.pick({"prompt": p + [1] * 50}) for p in prompts]  # the rest of the prompt does not count
+    assert all(20 <= picked.count(u) <= 80 for u in urls)  # 50 each on average
+    assert pool.pick({"prompt": "a text prompt"}) == pool.pick({"prompt": "a text prompt"})
+    assert pool.pick({"messages": [{"role": "user", "content": "hi"}]}) in urls
+    fewer = Pool(urls[:3], "prefix_hash")
+    assert all(fewer.pick({"prompt": p}) == u for p, u in zip(prompts, picked) if u != urls[3])
+    router = Router(urls[:2], ["http://d"], policy="least_outstanding", prefill_policy="prefix_hash")
+    assert router.prefill.policy == "prefix_hash" and router.decode.policy == "least_outstanding"
+    for override in ("serve.policy=random", "serve.prefill_policy=sticky"):
+        with pytest.raises(LoadError, match=override.split("=")[0]):
+            check_instances(config("runner=serve", override))
 
 
 # ---------------------------------------------------------------------- the load generator

@@ -100,7 +100,8 @@ class ServingDeployment:
         handoff = ["--handoff", "pull" if pulls(cfg.strategy) else "push", "--decode-submit", decode_submit(cfg),
                    # the client holds requests to run.request_timeout_s; the router only drops upstreams
                    # that hang (the warm-up's first use may take as long as a start-up)
-                   "--policy", s.policy, "--timeout-s", str(hang_s),
+                   "--policy", s.policy, *(["--prefill-policy", s.prefill_policy] if s.prefill_policy else []),
+                   "--timeout-s", str(hang_s),
                    *(["--stream-prefill-token"] if s.stream_prefill_token else []),
                    *(["--corrupt"] if cfg.check.corrupt else [])]
         routers = {"router": "disagg"}

@@ -11,7 +11,8 @@ is the connectors' business; the router only carries what ties the two requests 
   until the KV is in; `after_prefill` sends the decode request when the prefill answered.
 - pull (vLLM's NixlConnector): the prefill request asks the instance to keep the KV for a remote
   decode (do_remote_decode); its answer's kv_transfer_params go with the decode request.
-With several instances per side it picks by round robin or by fewest outstanding requests.
+With several instances per side it picks by round robin, by fewest outstanding requests, or by
+the prompt's first tokens (prefix_hash: a shared prefix meets its prefix cache), each side its own.
 Without prefill instances it is a plain load balancer over the others (colocated instances
 behind the same proxy, so that a comparison with P/D pays the same hop).
 A client's X-Request-Id header becomes the transfer id (the connectors' records carry it), and
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import itertools
 import json
 import sys
@@ -47,7 +49,8 @@ from aiohttp import web
 
 from transfer_strategies.kv_transfer_params import FAULT_KINDS, push_params
 
-POLICIES = ("round_robin", "least_outstanding")
+POLICIES = ("round_robin", "least_outstanding", "prefix_hash")
+PREFIX_TOKENS = 64  # prefix_hash: a prompt's first tokens (4 blocks of vLLM's default 16) pick its instance
 MARKS = "X-Router-Marks"
 FAULT_HEADER = "X-KV-Fault"
 
@@ -96,6 +99,16 @@ def without_first_token(chunk: dict, answer: dict) -> dict | None:
     return chunk
 
 
+def prefix_key(body: dict, tokens: int = PREFIX_TOKENS) -> bytes:
+    """What identifies a request's prefix: its prompt's first token ids, or (a text prompt, chat
+    messages) the first 4 characters a token of its text."""
+    prompt = body.get("prompt", body.get("messages"))
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+        return json.dumps(prompt[:tokens]).encode()
+    text = prompt if isinstance(prompt, str) else json.dumps(prompt)
+    return text[:4 * tokens].encode()
+
+
 class Pool:
     """The instances of one side, and how many requests each has in flight through this router."""
 
@@ -109,11 +122,19 @@ class Pool:
         self.outstanding = dict.fromkeys(self.urls, 0)
         self._turn = itertools.cycle(self.urls)
 
-    def pick(self) -> str:
-        """The instance for the next request, counted outstanding from now (requests sent
-        together see each other); `done` when its answer is over."""
-        least = min(self.urls, key=lambda u: self.outstanding[u])  # ties: the first listed
-        url = next(self._turn) if self.policy == "round_robin" else least
+    def pick(self, body: dict | None = None) -> str:
+        """The instance for the next request (body: the request's, for prefix_hash), counted
+        outstanding from now (requests sent together see each other); `done` when its answer is over."""
+        if self.policy == "round_robin":
+            url = next(self._turn)
+        elif self.policy == "prefix_hash":
+            # rendezvous hashing: the instance whose hash with the prompt's first tokens is highest,
+            # so prompts that share them meet their prefix cache there, and an instance added or
+            # removed moves only the prefixes it wins or held
+            key = prefix_key(body or {})
+            url = max(self.urls, key=lambda u: hashlib.blake2b(u.encode() + b"\0" + key, digest_size=8).digest())
+        else:
+            url = min(self.urls, key=lambda u: self.outstanding[u])  # ties: the first listed
         self.outstanding[url] += 1
         return url
 
@@ -124,14 +145,16 @@ class Pool:
 class Router:
     def __init__(self, prefill: list[str], decode: list[str], policy: str = "round_robin", handoff: str = "push",
                  decode_submit: str = "early", timeout_s: float = 600.0, stream_prefill_token: bool = False,
-                 corrupt: bool = False):
+                 corrupt: bool = False, prefill_policy: str | None = None):
+        """policy: how each side picks its instance; prefill_policy: the prefill side's instead
+        (e.g. prefix_hash for prefill, least_outstanding for decode)."""
         if handoff not in ("push", "pull"):
             raise ValueError(f"unknown handoff {handoff!r}: push or pull")
         if decode_submit not in ("early", "after_prefill"):
             raise ValueError(f"unknown decode_submit {decode_submit!r}: early or after_prefill")
         if handoff == "pull" and decode_submit == "early":
             raise ValueError("a pull handoff needs the prefill's answer first: decode_submit=after_prefill")
-        self.prefill = Pool(prefill, policy) if prefill else None
+        self.prefill = Pool(prefill, prefill_policy or policy) if prefill else None
         self.decode = Pool(decode, policy)
         self.handoff, self.decode_submit = handoff, decode_submit
         self.stream_prefill_token = stream_prefill_token
@@ -179,11 +202,11 @@ class Router:
                 raise web.HTTPBadRequest(text=f"{FAULT_HEADER}: faults are injected by this project's connectors "
                                               f"between prefill and decode instances (a push handoff)")
             fault = fault_header(request.headers[FAULT_HEADER])
-        d_url = self.decode.pick()
+        d_url = self.decode.pick(body)
         try:
             if self.prefill is None:  # colocated: one instance does both
                 return await self._relay_decode(request, d_url, body, transfer_id)
-            p_url = self.prefill.pick()
+            p_url = self.prefill.pick(body)
             try:
                 return await self._disagg(request, body, transfer_id, p_url, d_url, fault)
             finally:
@@ -335,7 +358,9 @@ def argument_parser() -> argparse.ArgumentParser:
     ap.add_argument("--decode", action="append", required=True, metavar="URL", help="a decode instance (repeat)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--policy", choices=POLICIES, default="round_robin")
+    ap.add_argument("--policy", choices=POLICIES, default="round_robin",
+                    help="how each side picks its instance (prefix_hash: by the prompt's first tokens)")
+    ap.add_argument("--prefill-policy", choices=POLICIES, default=None, help="the prefill side's, if not --policy")
     ap.add_argument("--handoff", choices=("push", "pull"), default="push",
                     help="push: this project's connectors; pull: vLLM's NixlConnector")
     ap.add_argument("--decode-submit", choices=("early", "after_prefill"), default=None,
@@ -354,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     submit = args.decode_submit or ("early" if args.handoff == "push" else "after_prefill")
     try:
         router = Router(args.prefill, args.decode, args.policy, args.handoff, submit, args.timeout_s,
-                        args.stream_prefill_token, args.corrupt)
+                        args.stream_prefill_token, args.corrupt, args.prefill_policy)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -49,6 +49,7 @@ from harness.serving.arrivals import build as build_arrivals
 from harness.serving.deployment import ServingDeployment, instance_counts
 from harness.serving.instances import InstanceDied
 from harness.serving.load import ClientResult, LoadError, LoadSpec, ScheduledRequest, arrival_schedule, send_all
+from harness.serving.router import POLICIES
 from harness.serving.serve_summary import coalesced, format_serve_summary, serve_summary
 from harness.tracking import track
 from harness.transfers import TransferStats, compute_fields, path_parts, record_stamps
@@ -94,7 +95,12 @@ def check_serve_inputs(cfg: DictConfig) -> None:
 
 
 def check_instances(cfg: DictConfig) -> None:
-    """Each side's instance count (runner=serve and python -m harness.deploy)."""
+    """Each side's instance count and the routers' policies (runner=serve and python -m harness.deploy)."""
+    for key in ("policy", "prefill_policy"):
+        v = cfg.serve.get(key)
+        if not (v in POLICIES or key == "prefill_policy" and v is None):
+            raise LoadError(f"serve.{key} must be one of {', '.join(POLICIES)}"
+                            f"{' (or null: serve.policy)' if key == 'prefill_policy' else ''}, got {v!r}")
     for side in ("baseline", "prefill", "decode"):
         n = cfg.serve[f"{side}_instances"]
         if (not isinstance(n, int) or isinstance(n, bool) or n < 1) and not (side == "baseline" and n == "matched"):
