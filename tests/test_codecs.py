@@ -231,7 +231,8 @@ def test_the_cuda_kernels_compile_for_hopper(kernel, fmt, per_token):
     """codec_kernel.py's kernels compiled for sm_90 with the Llama-3-8B shape's constants, no GPU
     needed (scripts/bench_codecs.py --check compares them with torch on one, the sender's check
     with its torch path too); each reads or writes the KV cache 16 bytes an instruction (told the
-    blocks' alignment, block_start: one bf16 at a time, they ran at half of HBM's bandwidth)."""
+    blocks' alignment, block_start: one bf16 at a time, they ran at half of HBM's bandwidth), but
+    the FP8 check, which is not told it (codec_kernel.CodecKernel._check_consts: wrong on the H200)."""
     pytest.importorskip("triton")
     from tests.helpers.hopper import compile_for_hopper, global_accesses
     from transfer_strategies import codec_kernel
@@ -242,10 +243,13 @@ def test_the_cuda_kernels_compile_for_hopper(kernel, fmt, per_token):
                 "digests": "*i64", "payload_sums": "*i64", "error_max": "*fp32", "error_sum": "*fp64"}
     constexprs = {"T": 16, "S": 128, "BLOCK_T": 16, "C": 32 if fmt == "int4" else 128,
                   "FMT": codec_kernel.FORMAT_IDS[fmt], "PER_TOKEN": per_token, "QMAX": FORMATS[fmt].qmax,
-                  "ELEMENT_BYTES": 2, "ALIGN": 16}
+                  "ELEMENT_BYTES": 2, "ALIGN": 1 if (kernel, fmt) == ("_check", "fp8") else 16}
     options = {"enable_fp_fusion": False} if kernel == "_check" else {}
     compiled = compile_for_hopper(fn, pointers, constexprs, {"block_elems", "stride_t", "stride_h"}, **options)
     assert ("atom.global" if kernel == "_check" else "st.global") in compiled.asm["ptx"]
     accesses = global_accesses(compiled)
     cache_access = "st.global.b16" if kernel == "_decode" else "ld.global.b16"  # one bf16 of the cache
+    if constexprs["ALIGN"] == 1:
+        assert accesses[cache_access] > 0
+        return
     assert accesses[cache_access] == 0 and accesses["ld.global.v4.b32" if kernel != "_decode" else "st.global.v4.b32"]
