@@ -200,9 +200,11 @@ def check_parallelism(cfg: DictConfig) -> None:
         if problem:
             raise ConfigError(f"{role} engine: {problem} (model {cfg.model.name})")
         degrees[role] = tp
-    if max(degrees["prefill"], degrees["decode"]) > 1 and cfg.runner.name == "serve":
+    if max(degrees["prefill"], degrees["decode"]) > 1 and cfg.runner.name == "serve" \
+            and (cfg.serve.prefill_instances, cfg.serve.decode_instances) != (1, 1):
         raise ConfigError(f"tensor parallelism (prefill {degrees['prefill']}, decode {degrees['decode']}) with "
-                          f"runner=serve is not supported yet: use tensor_parallel_size=1 there")
+                          f"runner=serve takes one prefill and one decode instance (1P1D), got "
+                          f"{cfg.serve.prefill_instances}P{cfg.serve.decode_instances}D")
 
 
 # What the prefill and decode engines' KV blocks must share for this project's strategies, which

@@ -257,7 +257,8 @@ def test_a_stream_that_came_in_bursts_is_flagged_and_counted():
     ("slo.ttft_ms=-5", "slo.ttft_ms must be > 0"),
     ("serve.prefill_instances=0", "serve.prefill_instances must be a whole number >= 1"),
     ("serve.baseline_instances=same", "serve.baseline_instances must be a whole number >= 1 or matched"),
-    ("serve.decode_instances=2", "push each prefill instance's KV to one decode instance"),
+    ("serve.decode_instances=2 transport.address=127.0.0.1:5555", "transport.address is where one prefill worker "
+                                                                 "listens: with it runner=serve takes one prefill"),
     ("serve.endpoints.baseline=http://127.0.0.1:9", "needs both a baseline and a disagg URL"),
 ])
 @pytest.mark.slow  # in this process (conftest.refused_in_process), which then imports vLLM
@@ -387,6 +388,60 @@ def test_two_prefill_instances_and_the_prefill_token_streamed(results_dir):
     assert s["prefill_ttft_ms_p50"] <= s["ttft_ms_p50"] and s["decode_ttft_ms_p50"] > 0
 
 
+README_SERVE_2P2D = ("runner=serve", "strategy=layerwise", "serve.prefill_instances=2", "serve.decode_instances=2",
+                     "serve.prefill_policy=least_outstanding", "serve.request_rate=8", "serve.num_requests=12")
+
+
+@pytest.mark.engine
+@FULL
+@pytest.mark.parametrize("shape", ["1P2D", "2P2D"])
+def test_layerwise_pushes_each_request_to_the_decode_instance_the_router_chose(results_dir, shape):
+    """xPyD with a push strategy that sends from inside the forward pass: each prefill worker has
+    a KV channel to each decode instance and sends every layer of a request to the one the router
+    chose for it (transport/fan_out.py); every output and digest checked, nothing held, nothing
+    left. 2P2D picks the prefill instance by fewest outstanding requests, so that the pairs mix
+    (round robin on both sides pairs prefill i with decode i; tests/test_serve_deployment.py
+    covers every pair with fused)."""
+    p, n = int(shape[0]), int(shape[2])
+    one_prefill = ("runner=serve", "strategy=layerwise", "serve.decode_instances=2", "serve.request_rate=8",
+                   "serve.num_requests=12")
+    overrides = README_SERVE_2P2D if shape == "2P2D" else one_prefill
+    shm_before = set(os.listdir("/dev/shm"))
+    run = run_harness(results_dir / f"serve-layerwise-{shape}", *overrides, "serve.baseline_repeat=false")
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "ok" and s["ok"] == 12 and s["match_rate"] == 1.0
+    assert s["digest_checked"] == 12 and s["digest_failures"] == 0
+    names = [f"prefill{i}" for i in range(p)] if p > 1 else ["prefill"]
+    names += [f"decode{i}" for i in range(n)]
+    assert s["kv_cache_usage_at_end"] == dict.fromkeys(names, 0.0)
+    received = [read_jsonl(run.run_dir / f"decode{i}-transfers.jsonl") for i in range(n)]
+    assert all(len(r) >= 5 for r in received)  # round robin over the decode instances, 6 each (warm-up aside)
+    layers = json.loads((ROOT / "models" / "tiny-llama" / "config.json").read_text())["num_hidden_layers"]
+    assert all(r["error"] is None and r["messages"] == layers for rs in received for r in rs)  # a message a layer
+    servers = json.loads((run.run_dir / "servers.json").read_text())
+    assert not any(group_alive(v["pid"]) for v in servers.values())
+    assert set(os.listdir("/dev/shm")) - shm_before == set()
+
+
+@pytest.mark.engine
+@FULL
+def test_a_tensor_parallel_prefill_instance_serves_a_decode_instance_of_another_degree(results_dir):
+    """runner=serve with tensor parallelism (1P1D): a prefill instance of TP 2 (a worker per KV
+    head) and a decode instance of TP 1 that joins both workers' heads; every output and every
+    head's digests checked, as offline."""
+    run = run_harness(results_dir / "serve-tp", "runner=serve", "strategy=fused",
+                      "engines.prefill={tensor_parallel_size:2}", "serve.request_rate=4", "serve.num_requests=8",
+                      "serve.baseline_repeat=false")
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "ok" and s["ok"] == 8 and s["match_rate"] == 1.0
+    assert s["digest_checked"] == 8 and s["digest_failures"] == 0
+    assert s["kv_cache_usage_at_end"] == {"prefill": 0.0, "decode": 0.0}
+    per_rank = [read_jsonl(run.run_dir / name) for name in ("prefill-transfers.jsonl", "prefill-transfers.rank1.jsonl")]
+    assert [len(r) for r in per_rank] == [len(read_jsonl(run.run_dir / "decode-transfers.jsonl"))] * 2
+
+
 @pytest.mark.engine
 @FULL
 def test_a_request_past_its_time_limit_is_recorded_as_failed_and_the_run_goes_on(results_dir):
@@ -477,7 +532,7 @@ def test_the_crosscheck_benchmark_runs_as_the_readme_shows(results_dir):
 
 
 @pytest.mark.parametrize("override,message", [
-    ("serve.decode_instances=2", "push each prefill instance's KV to one decode instance"),
+    ("serve.decode_instances=2 transport.address=127.0.0.1:5555", "got 1P2D"),
     ("serve.endpoints.disagg=http://127.0.0.1:9", "starts a deployment"),
     ("serve.prefill_instances=0", "serve.prefill_instances must be a whole number >= 1"),
 ])
@@ -485,7 +540,7 @@ def test_deploy_refuses_bad_input_with_one_line_and_exit_2_before_anything_start
                                                                                   message):
     from harness.deploy import deploy
 
-    cfg = compose_config("runner=serve", "device=cpu", override)
+    cfg = compose_config("runner=serve", "device=cpu", *override.split())
     assert deploy(cfg, tmp_path / "d") == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1

@@ -1,7 +1,8 @@
 """Serving mode on CPU (issue 13), against one deployment the tests share, started as a user
 starts one (`python -m harness.deploy`): a colocated `vllm serve` instance behind a router, two
-prefill instances and one decode instance with this project's connector (2P1D) behind the P/D
-router (`python -m harness.router`), left running for outside clients until Ctrl-C:
+prefill instances and two decode instances with this project's connector (2P2D: each prefill
+worker has a KV channel to each decode worker) behind the P/D router (`python -m harness.router`),
+left running for outside clients until Ctrl-C:
 its answers equal the colocated instance's, streamed or not, with the prefill's token streamed
 first or not, every transfer's digests match, and no KV block stays held; `vllm bench serve`
 agrees with the harness's client; `runner=serve` measures the running deployment as it is."""
@@ -49,15 +50,17 @@ class Deployed:
     metric = ServerProcess.metric  # reads self.url's /metrics
 
 
-DEPLOY = ("strategy=fused", "serve.prefill_instances=2", "serve.deploy_baseline=true")
+DEPLOY = ("strategy=fused", "serve.prefill_instances=2", "serve.decode_instances=2", "serve.deploy_baseline=true")
 
 
 @pytest.fixture(scope="module")
 def deployment(results_dir):
     """`python -m harness.deploy` as a user starts it: a colocated instance behind its router, two
-    prefill instances and a decode instance (fused, 2P1D: the decode worker has a KV channel from
-    each prefill worker) behind the P/D router; beside it a router of the test's own that
-    streams the prefill's token first. The last test stops the deployment (Ctrl-C)."""
+    prefill instances and two decode instances (fused, 2P2D) behind the P/D router; beside it a
+    router of the test's own that streams the prefill's token first. Round robin on both sides
+    pairs prefill i with decode i, request after request: the test's router lists the prefill
+    instances the other way round, so that between the two every prefill worker sends to every
+    decode worker. The last test stops the deployment (Ctrl-C)."""
     cfg = config("strategy=fused")
     run_dir = results_dir / "serve-fused"
     shutil.rmtree(run_dir, ignore_errors=True)
@@ -76,12 +79,15 @@ def deployment(results_dir):
             time.sleep(0.5)
         endpoints = json.loads((run_dir / "endpoints.json").read_text())
         servers = {n: Deployed(n, e) for n, e in json.loads((run_dir / "servers.json").read_text()).items()}
-        prefills = ("prefill0", "prefill1")
-        router = router_process("router-first", [servers[p].url for p in prefills], [servers["decode"].url],
-                                run_dir / "router-first.log", "--stream-prefill-token").start()
+        prefills, decodes = ("prefill0", "prefill1"), ("decode0", "decode1")
+        # the decode instances in the order of the prefill workers' channels (a request's peer counts in it)
+        router = router_process("router-first", [servers[p].url for p in reversed(prefills)],
+                                [servers[n].url for n in decodes], run_dir / "router-first.log",
+                                "--stream-prefill-token").start()
         router.wait_healthy(60)
         yield {"router": endpoints["disagg"], "router_first": router.url, "router_colocated": endpoints["baseline"],
-               "run_dir": run_dir, "model": str(cfg.model.path), "prefills": prefills, "deploy": deploy,
+               "run_dir": run_dir, "model": str(cfg.model.path), "prefills": prefills, "decodes": decodes,
+               "deploy": deploy,
                "servers": servers, "shm_before": shm_before,
                **{n: s for n, s in servers.items() if not n.endswith("router")}}
     finally:
@@ -129,25 +135,32 @@ def tokens(events: list) -> tuple[list[int], list[float]]:
 
 @pytest.mark.engine
 def test_the_router_answers_as_a_colocated_instance_with_every_transfer_checked(deployment):
-    """2P1D: requests alternate between the prefill instances, all KV goes to one decode worker."""
+    """2P2D: requests alternate between the prefill instances and between the decode instances;
+    each prefill worker sends a request's KV to the decode worker the router chose for it."""
     d = deployment
     base = [complete(d["baseline"].url, d["model"], p) for p in PROMPTS]
     assert len(set(base)) > 1  # the trained model's answers depend on the prompt
     first = [f"first-{i}" for i in range(len(PROMPTS))]
     again = [f"again-{i}" for i in range(3)]
+    cross = [f"cross-{i}" for i in range(2)]  # through the test's router: the other two (prefill, decode) pairs
     assert [complete(d["router"], d["model"], p, request_id=t) for p, t in zip(PROMPTS, first)] == base
     assert [complete(d["router"], d["model"], p, stream=True, request_id=t) for p, t in zip(PROMPTS, again)] == base[:3]
+    assert [complete(d["router_first"], d["model"], p, stream=True, request_id=t)
+            for p, t in zip(PROMPTS[3:], cross)] == base[3:5]
 
     def records(side):
         path = d["run_dir"] / f"{side}-transfers.jsonl"
         return {r["transfer_id"]: r for r in map(json.loads, path.read_text().splitlines())}
     for _ in range(100):  # a prefill worker writes its record once its KV is sent, maybe after the answer
-        per_prefill = [records(p) for p in d["prefills"]]
-        sent, received = {**per_prefill[0], **per_prefill[1]}, records("decode")
-        if set(sent) == set(received) == {*first, *again}:
+        per_prefill, per_decode = [records(p) for p in d["prefills"]], [records(n) for n in d["decodes"]]
+        sent, received = {**per_prefill[0], **per_prefill[1]}, {**per_decode[0], **per_decode[1]}
+        if set(sent) == set(received) == {*first, *again, *cross}:
             break
         time.sleep(0.1)
-    assert set(sent) == {*first, *again} and all(len(s) >= 4 for s in per_prefill)  # round robin over both
+    assert set(sent) == {*first, *again, *cross} and all(len(s) >= 5 for s in per_prefill)  # round robin over both
+    pairs = {(p, n) for p, ps in enumerate(per_prefill) for n, ns in enumerate(per_decode) if set(ps) & set(ns)}
+    assert pairs == {(0, 0), (0, 1), (1, 0), (1, 1)}  # every prefill worker sent to both decode workers
+    assert sum(len(ns) for ns in per_decode) == len(received)  # each transfer reached one decode worker
     # The third repeated prompt (96 tokens before its last, three blocks) is found whole in the
     # decode engine's prefix cache and answered before its KV comes; the KV is still taken and
     # checked when it comes, though the idle engine does not step again
@@ -170,14 +183,14 @@ def test_each_instances_metrics_count_its_connectors_transfers(deployment):
     counted with the engine's next step."""
     d = deployment
     complete(d["router"], d["model"], [11 + i for i in range(50)], request_id="metrics-0")
-    for name in (*d["prefills"], "decode"):
+    for name in (*d["prefills"], *d["decodes"]):
         for _ in range(100):  # the counts reach the API server with the step's output, the records a moment later
             records = read_jsonl(d["run_dir"] / f"{name}-transfers.jsonl")
             counted = d[name].metric("vllm:kv_harness_transfers_total")
             if records and counted == len(records):
                 break
             time.sleep(0.1)
-        assert counted == len(records) >= 4, name
+        assert counted == len(records) >= 5, name
         assert d[name].metric("vllm:kv_harness_bytes_total") == sum(r["bytes"] for r in records) > 0
         assert d[name].metric("vllm:kv_harness_transfer_seconds_total") > 0
         assert d[name].metric("vllm:kv_harness_failed_transfers_total") == 0
@@ -204,7 +217,7 @@ def test_a_transport_fault_a_client_asks_for_reaches_the_prefill_worker(deployme
                 return found[0]
             time.sleep(0.1)
         raise AssertionError(f"no record of {tid} from {side}")
-    sent, received = record(d["prefills"]), record(["decode"])
+    sent, received = record(d["prefills"]), record(d["decodes"])
     assert sent["fault"] == "delay" and received["error"] is None
     assert received["t_arrived"] - sent["t_forward_done"] >= 0.5
     for url, fault in ((d["router"], "{not json"), (d["router"], json.dumps({"kind": "lose"})),
@@ -213,8 +226,30 @@ def test_a_transport_fault_a_client_asks_for_reaches_the_prefill_worker(deployme
         assert r.status_code == 400 and "X-KV-Fault" in r.text, r.text
 
 
+@pytest.mark.engine
+def test_a_prefill_request_that_names_no_decode_instance_is_recorded_and_not_sent(deployment):
+    """A client that posts to a prefill instance of several decode peers without saying which
+    one (kv_transfer_params' peer, as the router does): the prefill answers, its worker sends the
+    KV nowhere and records why; the instance keeps serving and holds no staging space."""
+    d = deployment
+    prompt = [(13 * i) % 500 + 3 for i in range(40)]
+    body = {"model": d["model"], "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
+            "kv_transfer_params": {"transfer_id": "no-peer"}}
+    r = httpx.post(d["prefill0"].url + "/v1/completions", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    for _ in range(100):
+        found = [r for r in read_jsonl(d["run_dir"] / "prefill0-transfers.jsonl") if r["transfer_id"] == "no-peer"]
+        if found:
+            break
+        time.sleep(0.1)
+    (record,) = found
+    assert record["bytes"] == 0 and "sends to 2 decode instances" in record["error"], record
+    assert complete(d["router"], d["model"], prompt) == complete(d["baseline"].url, d["model"], prompt)
+    assert_no_block_held(d)
+
+
 def assert_no_block_held(d):
-    for inst in (*(d[p] for p in d["prefills"]), d["decode"]):  # every block given back once the requests ended
+    for inst in (d[n] for n in (*d["prefills"], *d["decodes"])):  # every block given back once the requests ended
         for _ in range(50):
             if inst.metric("vllm:kv_cache_usage_perc") == 0:
                 break
@@ -312,19 +347,28 @@ def test_a_running_deployment_is_measured_as_it_is(deployment, results_dir):
     s = run.summary
     assert s["external_endpoints"] and s["ok"] == 6 and s["match_rate"] == 1.0 and s["digest_checked"] == 0
     assert not (run.run_dir / "servers.json").exists() and not (run.run_dir / "baseline.log").exists()
-    assert d["decode"].alive() and all(d[p].alive() for p in d["prefills"])
+    assert all(d[n].alive() for n in (*d["prefills"], *d["decodes"]))
 
 
 @pytest.mark.engine
 def test_conversations_are_served_turn_after_turn(deployment, results_dir):
     """workload=multiturn through the running deployment: each arrival starts a conversation and
-    each later turn goes once the previous one has its answer, on every path; the decode
-    instance finds the earlier turns in its own prefix cache (its transfer records, which the
-    fixture's instances write, say so)."""
+    each later turn goes once the previous one has its answer, on every path. Behind a router of
+    the test's own that picks instances by the prompt's first 64 tokens (prefix_hash), which a
+    conversation's turns share: each later turn meets the decode instance of the turn before, which
+    finds the earlier turns in its own prefix cache (its transfer records say so)."""
     d = deployment
-    run = run_harness(results_dir / "serve-multiturn", "runner=serve", f"serve.endpoints.baseline={d['baseline'].url}",
-                      f"serve.endpoints.disagg={d['router']}", "workload=multiturn", "workload.num_conversations=2",
-                      "workload.turns=3", "sampling.max_tokens=8", "serve.num_requests=2", "serve.request_rate=inf")
+    router = router_process("router-prefix", [d[p].url for p in d["prefills"]], [d[n].url for n in d["decodes"]],
+                            d["run_dir"] / "router-prefix.log", "--policy", "prefix_hash").start()
+    try:
+        router.wait_healthy(60)
+        run = run_harness(results_dir / "serve-multiturn", "runner=serve",
+                          f"serve.endpoints.baseline={d['baseline'].url}", f"serve.endpoints.disagg={router.url}",
+                          "workload=multiturn", "workload.num_conversations=2", "workload.turns=3",
+                          "workload.first_user_len=64", "sampling.max_tokens=8", "serve.num_requests=2",
+                          "serve.request_rate=inf")
+    finally:
+        router.stop()
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
     assert s["ok"] == s["base_ok"] == 6 and s["match_rate"] == 1.0
@@ -339,7 +383,7 @@ def test_conversations_are_served_turn_after_turn(deployment, results_dir):
             for prev, r in zip(turns, turns[1:]):
                 assert r["sent_s"] >= prev["sent_s"] + prev["e2e_ms"] / 1e3  # after the previous answer
                 assert r["prompt_len"] >= prev["prompt_len"] + 8  # its prompt holds the previous answer
-    received = {r["transfer_id"]: r for r in read_jsonl(d["run_dir"] / "decode-transfers.jsonl")}
+    received = {r["transfer_id"]: r for n in d["decodes"] for r in read_jsonl(d["run_dir"] / f"{n}-transfers.jsonl")}
     assert all(received[r["transfer_id"]]["skip_blocks"] >= 1 for r in rows if r["turn"])
 
 
@@ -348,8 +392,8 @@ def test_ctrl_c_stops_the_deployment_with_every_process_group(deployment):
     """Last of the deployment's tests: Ctrl-C on `python -m harness.deploy` stops every instance
     (its API server and engine core) and router, leaves no shared-memory segment, exits 0."""
     d = deployment
-    assert len(process_group.members(d["decode"].pid)) >= 2  # the API server and its engine core
-    assert set(d["servers"]) == {"baseline", "prefill0", "prefill1", "decode", "baseline_router", "router"}
+    assert len(process_group.members(d["decode0"].pid)) >= 2  # the API server and its engine core
+    assert set(d["servers"]) == {"baseline", "prefill0", "prefill1", "decode0", "decode1", "baseline_router", "router"}
     d["deploy"].send_signal(signal.SIGINT)
     assert d["deploy"].wait(60) == 0
     assert not any(s.alive() for s in d["servers"].values())

@@ -3,6 +3,7 @@ NIXL (UCX)."""
 
 import multiprocessing as mp
 import os
+import time
 
 import pytest
 import torch
@@ -89,6 +90,76 @@ def test_a_decode_worker_takes_kv_from_two_prefill_workers(kind, tmp_path):
     assert all(p.exitcode == 0 for p in procs)
     # each channel's handshake in its own turn, every payload intact, each buffer's space returned to its sender
     assert got["receiver"] == ([0, 1], True) and got["sender"] in (0, 1)
+
+
+# --------------------------------------------------------------------------- 2 prefill workers, 2 decode (2P2D)
+def _fan_out_sender(paths, out, kind, k, done):
+    """Prefill worker k: a channel to each decode worker; transfer s{k}-t{i} goes to decode worker i % 2."""
+    ch = open_channel("sender", torch.device("cpu"), TransportSettings(kind, staging_mb=8), paths, "127.0.0.1", 60,
+                      on_open=_hello(k))
+    for i in range(6):  # 9 MiB to each decode worker through its 8 MiB buffer: each space comes back to this channel
+        peer = ch.to(i % 2)
+        peer.send(f"s{k}-t{i}", 0, 1, ch.alloc(3 * MiB).fill_(10 * k + i))
+    ch.flush()
+    done.wait(60)  # both decode workers have taken their transfers: every region acknowledged back
+    deadline = time.monotonic() + 10
+    while ch.held() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    out.put((f"sender{k}", ch.held()))
+    out.close()
+    out.join_thread()
+    os._exit(0)
+
+
+def _fan_in_receiver(paths, out, kind, j, done):
+    """Decode worker j: a channel from each prefill worker; takes the transfers meant for it."""
+    seen = []
+
+    def on_open(ch):
+        (msg,) = ch.wait("__layout__")
+        seen.append(msg.meta["who"])
+        ch.release("__layout__")
+    ch = open_channel("receiver", torch.device("cpu"), TransportSettings(kind, staging_mb=8), paths, "127.0.0.1",
+                      60, on_open=on_open)
+    ok = []
+    for i in range(j, 6, 2):
+        for k in (0, 1):
+            (msg,) = ch.wait(f"s{k}-t{i}")
+            ok.append(bool((msg.payload == 10 * k + i).all()) and msg.payload.numel() == 3 * MiB)
+            ch.release(f"s{k}-t{i}")
+    others = {f"s{k}-t{i}" for k in (0, 1) for i in range(1 - j, 6, 2)}
+    out.put((f"receiver{j}", (seen, all(ok), ch.ready(others, timeout_s=0.5))))
+    out.close()
+    out.join_thread()
+    done.wait(60)
+    os._exit(0)
+
+
+@pytest.mark.parametrize("kind", TRANSPORT_KINDS)
+def test_two_prefill_workers_each_send_to_the_decode_worker_a_transfer_names(kind, tmp_path):
+    ctx = mp.get_context("spawn")
+    path = {(k, j): str(tmp_path / f"port-p{k}-d{j}") for k in (0, 1) for j in (0, 1)}
+    out, done = ctx.Queue(), ctx.Event()
+    procs = [*(ctx.Process(target=_fan_in_receiver, args=([path[k, j] for k in (0, 1)], out, kind, j, done))
+               for j in (0, 1)),
+             *(ctx.Process(target=_fan_out_sender, args=([path[k, j] for j in (0, 1)], out, kind, k, done))
+               for k in (0, 1))]
+    for p in procs:
+        p.start()
+    try:
+        got = dict(out.get(timeout=90) for _ in range(2))  # the decode workers'
+        done.set()
+        got.update(out.get(timeout=30) for _ in range(2))
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+        remove_leftovers(list(path.values()))
+    assert all(p.exitcode == 0 for p in procs)
+    # every pair's handshake, each decode worker's transfers intact and none of the other's, nothing held
+    assert got["receiver0"] == ([0, 1], True, set()) and got["receiver1"] == ([0, 1], True, set())
+    assert got["sender0"] == got["sender1"] == 0
 
 
 # --------------------------------------------------------------------------- transfers nothing waits for

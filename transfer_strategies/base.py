@@ -243,7 +243,11 @@ class TransferConnector(KVConnectorBase_V1):
         if not isinstance(connector_metadata, TransferMetadata):
             return
         if self.is_producer:
+            # with several decode instances, a request that names none is not sent (its record says why)
+            connector_metadata.sends = self.worker.routable(connector_metadata.sends)
+            connector_metadata.chunks = self.worker.routable(connector_metadata.chunks, record=False)
             for req in connector_metadata.sends:
+                self.worker.route(req)  # what prepare_send allocates is in its decode instance's space
                 self.prepare_send(req)
         else:
             self.worker.take_step(connector_metadata)

@@ -19,14 +19,18 @@ CORRUPT = "corrupt"
 # by the harness, so that one engine pair serves the real and the faulted runs
 FAULT = "fault"
 FAULT_KINDS = ("drop", "delay", "truncate", "flip")
+# a prefill request's decode instance, by its place in the prefill worker's list of KV channels
+# (the router's --decode order): a prefill instance that pushes to several decode instances
+# (1P2D, 2P2D) sends the KV to the one the router chose for the request's decode half
+PEER = "peer"
 
 
 def push_params(transfer_id: str, early: bool = False, records: str | None = None, corrupt: bool = False,
-                fault: dict | None = None) -> dict:
+                fault: dict | None = None, peer: int | None = None) -> dict:
     """kv_transfer_params of a request to a push strategy's engine; early: a decode request sent
     with the prefill request, parked in vLLM until its KV is in; corrupt: a decode request whose
     KV is damaged on arrival (the negative control); fault: a prefill request whose transfer
-    carries a scenario's transport fault."""
+    carries a scenario's transport fault; peer: a prefill request's decode instance (PEER)."""
     params = {TRANSFER_ID: transfer_id, LOAD: ASYNC_LOAD} if early else {TRANSFER_ID: transfer_id}
     if records is not None:
         params[RECORDS] = records
@@ -34,6 +38,8 @@ def push_params(transfer_id: str, early: bool = False, records: str | None = Non
         params[CORRUPT] = True
     if fault:
         params[FAULT] = fault
+    if peer is not None:
+        params[PEER] = peer
     return params
 
 
@@ -49,6 +55,12 @@ def fault_of(params: dict | None) -> tuple[str | None, float | None]:
     """(kind, delay_s) of the transport fault a prefill request asks for ((None, None): none)."""
     fault = (params or {}).get(FAULT) or {}
     return fault.get("kind"), fault.get("delay_s")
+
+
+def peer_of(params: dict | None) -> int | None:
+    """The decode instance a prefill request's KV goes to (None: not said)."""
+    peer = (params or {}).get(PEER)
+    return peer if isinstance(peer, int) and not isinstance(peer, bool) else None
 
 
 def corrupts(params: dict | None) -> bool:

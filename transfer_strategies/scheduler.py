@@ -58,6 +58,7 @@ class Asked:
     corrupt: bool = False  # decode: damaged once received (the negative control)
     fault: str | None = None  # prefill: the transport fault injected into this transfer (faults.py)
     fault_delay_s: float | None = None  # prefill: how late a delayed transfer's messages leave
+    peer: int | None = None  # prefill: the decode instance it goes to, of several (kv_transfer_params.PEER)
 
 
 @dataclass
@@ -183,7 +184,8 @@ class RequestTracker:
         now = time.monotonic()
         if self.is_producer:
             fault, delay_s = kv_transfer_params.fault_of(request.kv_transfer_params)
-            asked = Asked(records=records_of(request), fault=fault, fault_delay_s=delay_s)
+            asked = Asked(records=records_of(request), fault=fault, fault_delay_s=delay_s,
+                          peer=kv_transfer_params.peer_of(request.kv_transfer_params))
             self._sends[request.request_id] = TransferRequest(tid, request.request_id, [], n_tok, asked=asked,
                                                               progress=Progress(t_admitted=now))
             return

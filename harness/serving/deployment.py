@@ -41,8 +41,9 @@ def instance_names(side: str, count: int) -> list[str]:
 class ServingDeployment:
     """The instances and routers this run started (none with external endpoints), and the URLs
     the load goes to. serve.prefill_instances x serve.decode_instances behind the P/D router:
-    with this project's (push) strategies each prefill instance has a KV channel of its own to
-    the one decode instance (transport/fan_in.py); vLLM's pull connector takes any shape."""
+    with this project's (push) strategies each prefill instance has a KV channel to each decode
+    instance (transport/fan_out.py, fan_in.py), and the router tells the prefill instance which
+    one a request's decode half went to; vLLM's pull connector takes any shape."""
 
     def __init__(self, cfg: DictConfig, device: str, run_dir: Path, baseline: bool = True):
         """baseline: also the colocated instances and their router (python -m harness.deploy may go without)."""
@@ -54,7 +55,11 @@ class ServingDeployment:
         self.baseline_names = instance_names("baseline", counts["baseline"]) if baseline else []
         self.prefill_names = instance_names("prefill", counts["prefill"])
         self.decode_names = instance_names("decode", counts["decode"])
-        self.rendezvous = [run_dir / f"kv-channel-{p}.port" for p in self.prefill_names]
+        # one KV channel per (prefill, decode) instance pair (push strategies): prefill instance p
+        # lists its decode peers in the router's --decode order, which is what a request's peer counts in
+        self.channels = {(p, d): run_dir / f"kv-channel-{p}-{d}.port"
+                         for p in self.prefill_names for d in self.decode_names}
+        self.rendezvous = list(self.channels.values())
         self.stats_paths = [run_dir / f"{n}-transfers.jsonl" for n in (*self.prefill_names, *self.decode_names)]
         ends = s.endpoints
         self.external = ends.baseline is not None
@@ -63,12 +68,13 @@ class ServingDeployment:
             return
         for path in self.rendezvous:
             path.unlink(missing_ok=True)
-        kv = {p: transfer_config(cfg, "prefill", rv, run_dir / f"{p}-transfers.jsonl")
-              for p, rv in zip(self.prefill_names, self.rendezvous, strict=True)}
-        # a decode worker opens one channel per prefill worker (a list); one prefill worker: a path as offline
-        decode_rv = self.rendezvous if len(self.rendezvous) > 1 else self.rendezvous[0]
-        kv.update({d: transfer_config(cfg, "decode", decode_rv, run_dir / f"{d}-transfers.jsonl")
-                   for d in self.decode_names})
+        def ends(paths: list[Path]) -> Path | list[Path]:  # one channel: a path, as offline
+            return paths if len(paths) > 1 else paths[0]
+
+        kv = {p: transfer_config(cfg, "prefill", ends([self.channels[p, d] for d in self.decode_names]),
+                                 run_dir / f"{p}-transfers.jsonl") for p in self.prefill_names}
+        kv.update({d: transfer_config(cfg, "decode", ends([self.channels[p, d] for p in self.prefill_names]),
+                                      run_dir / f"{d}-transfers.jsonl") for d in self.decode_names})
         first_gpu = {"baseline": cfg.device.baseline_gpu, "prefill": cfg.device.prefill_gpu,
                      "decode": cfg.device.decode_gpu}
         for names in (self.baseline_names, self.prefill_names, self.decode_names):

@@ -8,7 +8,9 @@ whose answer (streamed or whole) goes back to the client. How the KV gets from o
 is the connectors' business; the router only carries what ties the two requests together:
 - push (this project's strategies): both requests carry one transfer id in kv_transfer_params.
   `early` submission (the default) sends both at once and the decode instance parks its request
-  until the KV is in; `after_prefill` sends the decode request when the prefill answered.
+  until the KV is in; `after_prefill` sends the decode request when the prefill answered. With
+  several decode instances the prefill request also names the one chosen (its place in the
+  --decode list, which must be the order of each prefill instance's KV channels).
 - pull (vLLM's NixlConnector): the prefill request asks the instance to keep the KV for a remote
   decode (do_remote_decode); its answer's kv_transfer_params go with the decode request.
 With several instances per side it picks by round robin, by fewest outstanding requests, or by
@@ -166,8 +168,14 @@ class Router:
         self.session: aiohttp.ClientSession | None = None
 
     # ------------------------------------------------------------ the two requests
-    def prefill_body(self, body: dict, transfer_id: str, fault: dict | None = None) -> dict:
-        params = {"do_remote_decode": True} if self.handoff == "pull" else push_params(transfer_id, fault=fault)
+    def prefill_body(self, body: dict, transfer_id: str, fault: dict | None = None, d_url: str | None = None) -> dict:
+        """d_url: the decode instance this request's decode half goes to; a push prefill instance
+        sends the KV there (its place among --decode: the prefill worker's channels are in that order)."""
+        if self.handoff == "pull":
+            params = {"do_remote_decode": True}
+        else:
+            peer = self.decode.urls.index(d_url) if d_url is not None and len(self.decode.urls) > 1 else None
+            params = push_params(transfer_id, fault=fault, peer=peer)
         out = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": params}
         out.pop("stream_options", None)
         out.pop("max_completion_tokens", None)
@@ -226,7 +234,7 @@ class Router:
 
         async def prefill_and_tell() -> dict:
             routed = time.monotonic()
-            answer = await self._prefill(p_url, request.path, self.prefill_body(body, transfer_id, fault))
+            answer = await self._prefill(p_url, request.path, self.prefill_body(body, transfer_id, fault, d_url))
             if marks:
                 await out.write(f": routed {routed:.6f}\n\n: prefill-token\n\n".encode())
             if first:

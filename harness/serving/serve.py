@@ -42,7 +42,7 @@ from harness import scenario
 from harness.accuracy import codec_fields, task_score
 from harness.checks import ConfigError, checked_inputs, decode_submit
 from harness.compare import compare_outputs
-from harness.engine_config import pulls
+from harness.engine_config import pulls, tp_degrees
 from harness.records import JsonlWriter, ended_early, read_jsonl, versions, write_json
 from harness.schema import HANDOVER_PATH, ServeRow
 from harness.serving.arrivals import build as build_arrivals
@@ -106,10 +106,11 @@ def check_instances(cfg: DictConfig) -> None:
         if (not isinstance(n, int) or isinstance(n, bool) or n < 1) and not (side == "baseline" and n == "matched"):
             raise LoadError(f"serve.{side}_instances must be a whole number >= 1"
                             f"{' or matched' if side == 'baseline' else ''}, got {n!r}")
-    if cfg.serve.decode_instances > 1 and not pulls(cfg.strategy):
-        raise LoadError(f"serve.decode_instances={cfg.serve.decode_instances}: this project's strategies push each "
-                        f"prefill instance's KV to one decode instance; use several prefill instances "
-                        f"(serve.prefill_instances) with one decode instance, or a pull strategy (strategy=vllm_nixl)")
+    pairs = cfg.serve.prefill_instances * cfg.serve.decode_instances
+    if pairs > 1 and cfg.transport.get("address") and not pulls(cfg.strategy):
+        raise LoadError(f"transport.address is where one prefill worker listens: with it runner=serve takes one "
+                        f"prefill and one decode instance, got {cfg.serve.prefill_instances}P"
+                        f"{cfg.serve.decode_instances}D")
 
 
 def probe_schedule(cfg: DictConfig, schedule: list[ScheduledRequest]) -> tuple[list[ScheduledRequest], list[Prompt]]:
@@ -312,7 +313,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     tag = uuid.uuid4().hex[:6]
     base_out, req_out = JsonlWriter(run_dir / "baseline.jsonl"), JsonlWriter(run_dir / "requests.jsonl")
     probe_out = JsonlWriter(run_dir / "probes.jsonl") if probes else None
-    stats = None if deployment.external else TransferStats(*deployment.stats_paths)
+    # each engine's workers write a record file each (tensor parallelism: 1P1D only, checks.py)
+    stats = None if deployment.external else TransferStats(*deployment.stats_paths, tp=tp_degrees(cfg))
     rate = (f"{spec.request_rate} req/s" if spec.ramp_up is None else
             f"{spec.ramp_up_start_rps} to {spec.ramp_up_end_rps} req/s ({spec.ramp_up} ramp-up)")
     if workload.prompts[0].arrival_s is not None:

@@ -24,7 +24,8 @@ Transports (transport.kind):
   nixl              nixl.py: staged's channel, the payload carried into the receiver's buffer by a
                     NIXL write (UCX: shared memory or TCP here) from a registered mirror.
 rendezvous.py: how the two find each other; inbox.py: the receiver's parked messages;
-fan_in.py: a decode worker with channels from several prefill workers (serving mode's xPyD).
+fan_in.py: a decode worker with channels from several prefill workers, fan_out.py: a prefill
+worker with channels to several decode workers, each request to the one it names (serving's xPyD).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from transfer_strategies.connector_config import TransportSettings
 from transfer_strategies.transport import buffers
 from transfer_strategies.transport import rendezvous as _rendezvous
 from transfer_strategies.transport.fan_in import FanIn
+from transfer_strategies.transport.fan_out import FanOut
 from transfer_strategies.transport.gloo import GlooReceiver, GlooSender
 from transfer_strategies.transport.inbox import Inbox
 from transfer_strategies.transport.message import Message, as_bytes
@@ -52,7 +54,8 @@ def open_channel(role: str, device: torch.device, transport: TransportSettings |
     """role: "sender" (prefill worker) or "receiver" (decode worker); transport: the channel's
     kind and staging size (None: the defaults); rendezvous: a file
     through which the sender tells the receiver the port it bound, or for a receiver fed by
-    several prefill workers one file per worker (a FanIn of channels, opened in that order);
+    several prefill workers one file per worker (a FanIn of channels, opened in that order), for
+    a sender that feeds several decode workers one per decode worker (a FanOut, the same);
     every wait is bounded by timeout_s, but opening the channel, which waits for the other
     engine to start, by open_timeout_s where that is longer. on_open(channel) runs as each
     channel opens (the layout handshake). Blocks until the other workers have opened their ends."""
@@ -70,16 +73,14 @@ def _open(role: str, device: torch.device, transport: TransportSettings, rendezv
     if role not in ("sender", "receiver"):
         raise ValueError(f"a KV channel role is 'sender' or 'receiver', not {role!r}")
     paths = [rendezvous] if isinstance(rendezvous, str) else list(rendezvous)
-    if role == "sender" and len(paths) != 1:
-        raise ValueError(f"a prefill worker sends to one decode worker, not {len(paths)}")
     kind = transport.kind
     if kind == "gloo" and device.type == "cpu":
         if role == "sender":
-            return _opened(GlooSender(paths[0], host, timeout_s), on_open)
+            return _senders(paths, on_open, lambda path: GlooSender(path, host, timeout_s))
         return _receivers(paths, timeout_s, on_open, lambda path, **kw: GlooReceiver(path, host, timeout_s, **kw))
     if kind in ("staged", "nixl") and device.type in DEFAULT_STAGING_MB:
         if role == "sender":  # the receiver sizes the buffer
-            return _opened(StagedSender(device, paths[0], host, timeout_s), on_open)
+            return _senders(paths, on_open, lambda path: StagedSender(device, path, host, timeout_s))
         mb = transport.staging_mb
         mb = DEFAULT_STAGING_MB[device.type] if mb is None else int(mb)
         if mb <= 0:
@@ -95,6 +96,22 @@ def _opened(channel, on_open):
     if on_open is not None:
         on_open(channel)
     return channel
+
+
+def _senders(paths: list[str], on_open, make):
+    if len(paths) == 1:
+        return _opened(make(paths[0]), on_open)
+    # one at a time in the listed order: every decode worker opens its channels in the prefill
+    # workers' order, so the pairs open in one order everywhere and no two ends wait on each other
+    senders = []
+    try:
+        for path in paths:
+            senders.append(_opened(make(path), on_open))
+    except BaseException:
+        for s in senders:
+            s.close()
+        raise
+    return FanOut(senders)
 
 
 def _receivers(paths: list[str], timeout_s: float, on_open, make):

@@ -2,10 +2,9 @@
 prefill worker, all putting their messages into one inbox, so that the decode worker waits and
 polls as with a single channel. Transfer ids are unique across prefill workers (the router
 gives each request its own), so messages cannot collide; staging regions can (each channel has
-its own buffer), so the inbox keys them by channel (tag). Why fan-in and not fan-out: a push
-sender builds its payload in the receiver's staging buffer before it knows more than the
-request, so a prefill worker has one decode peer; a decode worker can take many. A channel that
-closes (its prefill worker gone) fails only the transfers it would have brought (inbox.py)."""
+its own buffer), so the inbox keys them by channel (tag). The other way round, a prefill worker
+sending to several decode workers, is fan_out.py. A channel that closes (its prefill worker
+gone) fails only the transfers it would have brought (inbox.py)."""
 
 from __future__ import annotations
 
