@@ -16,6 +16,8 @@
 #   bash scripts/gpu_run.sh probe    # scripts/gpu_copy_probe.py, on one GPU and (if there are two) across
 #   bash scripts/gpu_run.sh serve    # experiment=gpu_serve: runner=serve sweep on two GPUs (harness overrides follow,
 #                                    # e.g. strategy=fused,layerwise serve.request_rate=1,2,4)
+#   bash scripts/gpu_run.sh serve1   # experiment=gpu_serve_1gpu: the same on one GPU, 1P1D against two colocated replicas,
+#                                    # the trained llama3_8b_kv (kvmodel first)
 # What bench runs is conf/experiment/gpu_bench.yaml (full_cache's 2.5 GiB cache: gpu_bench/full_cache.yaml);
 # harness overrides follow (bench.lengths=[512,2048]), or LENGTHS=512,2048 PER_LENGTH=1 STRATEGIES=fused.
 set -uo pipefail
@@ -48,9 +50,9 @@ case "${1:-check}" in
     name=${NAME:-ttft}
     python3 scripts/compare_bench.py "$RUNS/$name" "${REF:-results/gpu/2026-12-02-s14/ttft-early}" "${@:2}" 2>&1 \
       | tee "$OUT/${name//\//-}-compare.txt" ;;
-  serve)
-    name=${NAME:-serve}
-    python3 -m harness -m experiment=gpu_serve "hydra.sweep.dir=$RUNS/$name" "${@:2}" 2>&1 | grep -v "^\[" | tail -60
+  serve|serve1)
+    name=${NAME:-$1}; experiment=gpu_serve; [ "$1" = serve1 ] && experiment=gpu_serve_1gpu
+    python3 -m harness -m experiment=$experiment "hydra.sweep.dir=$RUNS/$name" "${@:2}" 2>&1 | grep -v "^\[" | tail -60
     cp "$RUNS/$name/sweep_summary.txt" "$OUT/$name-summary.txt" 2>/dev/null
     tar czf "$OUT/$name-runs.tgz" -C "$RUNS" "$name" ;;
   kvmodel)  # models/llama3-8b-kv: the Llama-3-8B KV geometry, trained here (its weights are not committed), then checked
