@@ -87,7 +87,7 @@ def test_every_readme_deploy_command_composes_as_runner_serve_and_passes_the_che
     first), its instance counts checked as deploy checks them; the test deployment of
     tests/test_serve_deployment.py runs the README's 2P1D one."""
     from harness.serving.serve import check_instances
-    from tests.test_serve_deployment import DEPLOY
+    from tests.helpers.serving import DEPLOY
 
     commands = [shlex.split(without_comment(m.group(1))) for line in readme_code_lines()
                 if (m := re.search(r"python -m harness\.deploy\b(.*)", line))]

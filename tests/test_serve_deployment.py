@@ -30,7 +30,7 @@ from harness.records import read_jsonl
 from harness.serving.instances import ServerProcess, router_process
 from harness.serving.load import ScheduledRequest, send_one
 from tests.conftest import ROOT, run_harness
-from tests.helpers.serving import config
+from tests.helpers.serving import DEPLOY, config
 
 crosscheck = runpy.run_path(str(ROOT / "scripts" / "bench_crosscheck.py"))["crosscheck"]
 
@@ -50,7 +50,6 @@ class Deployed:
     metric = ServerProcess.metric  # reads self.url's /metrics
 
 
-DEPLOY = ("strategy=fused", "serve.prefill_instances=2", "serve.decode_instances=2", "serve.deploy_baseline=true")
 
 
 @pytest.fixture(scope="module")

@@ -42,3 +42,7 @@ def serve_rows(n: int = 3) -> list[dict]:
                  itl_ms=[1.0], output_len=4, meets_slo=True, match=True, digest_match=True, kv_recomputed=False,
                  decode_preemptions=0)
             for path in ("disagg", "baseline", "baseline_repeat") for i in range(n)]
+
+
+# the shared test deployment (tests/test_serve_deployment.py), one of the README's harness.deploy commands
+DEPLOY = ("strategy=fused", "serve.prefill_instances=2", "serve.decode_instances=2", "serve.deploy_baseline=true")
