@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.stats import p50_with_interval
+
 KEYS = ["model", "device", "prompt_len", "link"]
 COLUMNS = ["model", "device", "prompt_len", "link", "link_ceiling_gbit", "strategy", "transport", "requests",
            "ttft_overhead_ms_p50", "ttft_overhead_ms_p50_lo", "ttft_overhead_ms_p50_hi",
@@ -45,8 +47,37 @@ def _link(row) -> tuple[str, float]:
     return f"{rate:g} Gbit/s", float(rate)
 
 
+# the medians a run's summary gives and a row of the table shows, taken per prompt length where a
+# run has several (by_prompt_length)
+PER_REQUEST = ["ttft_overhead_ms", "after_forward_ms", "prefill_ttft_overhead_ms", "transfer_ms", "kv_ms", "bytes"]
+
+
+def by_prompt_length(runs: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
+    """runs (load_runs) with one row per prompt length for a run whose requests have several (a
+    benchmark's run, scripts/bench_strategies.py, covers every length in one run): that length's
+    medians with their intervals from its requests (load_requests); a run of one length keeps its
+    summary's figures."""
+    if requests.empty or "prompt_len" not in requests:
+        return runs
+    out = []
+    for r in runs.to_dict("records"):
+        mine = requests[requests["run_dir"] == r["run_dir"]]
+        lengths = sorted(mine["prompt_len"].dropna().unique())
+        if len(lengths) < 2:
+            out.append(r)
+            continue
+        for n in lengths:
+            g = mine[mine["prompt_len"] == n]
+            row = {**r, "workload.prompt_len": int(n), "requests": len(g),
+                   "match_rate": float(g["match"].map(lambda v: v is True or v == 1).mean())}
+            for k in PER_REQUEST:
+                row.update(p50_with_interval(pd.to_numeric(g[k], errors="coerce"), f"{k}_p50"))
+            out.append(row)
+    return pd.DataFrame(out)
+
+
 def link_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """runs: load_runs' frame. Runs of one cell (model, device, prompt length, link, strategy)
+    """runs: load_runs' frame (by_prompt_length's, where a run has several lengths). Runs of one cell (model, device, prompt length, link, strategy)
     are pooled by their medians' mean (the interval of the first: a cell is one run here)."""
     df = runs.copy()
     if "run_dir" in df:

@@ -8,6 +8,9 @@ of each cell, and the figure of TTFT overhead against link speed.
     python -m harness -m strategy=fused,layerwise workload=synthetic workload.prompt_len=1024 \\
         workload.num_prompts=8 hydra.sweep.dir=OUT/same_machine
     python scripts/link_report.py OUT [--out OUT/link_report.md] [--figure OUT/ttft_vs_link.png]
+
+Benchmark runs (scripts/bench_strategies.py ... -- link=veth link.rate_gbit=10 transport=gloo, each
+link's benchmark in OUT/<its name>/) cover several prompt lengths in one run: a row per length.
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness.link_report import link_table, plot_ttft_against_link, to_markdown, winners  # noqa: E402
-from harness.results import load_runs  # noqa: E402
+from harness.link_report import by_prompt_length, link_table, plot_ttft_against_link, to_markdown, winners  # noqa: E402
+from harness.results import load_requests, load_runs  # noqa: E402
 
 
 def main() -> int:
@@ -31,7 +34,7 @@ def main() -> int:
     if runs.empty:
         print(f"no runs under {' '.join(args.runs)}", file=sys.stderr)
         return 2
-    table = link_table(runs)
+    table = link_table(by_prompt_length(runs, load_requests(*args.runs)))
     text = to_markdown(table) + "\n\n" + "\n".join(f"- {w}" for w in winners(table))
     print(text)
     if args.out:

@@ -4,7 +4,7 @@ import math
 
 import pandas as pd
 
-from harness.link_report import link_table, to_markdown, winners
+from harness.link_report import by_prompt_length, link_table, to_markdown, winners
 
 
 def run(strategy, rate, ttft, lo, hi, kind="veth", n=1024, transport=None):
@@ -43,3 +43,17 @@ def test_cells_are_ordered_fastest_link_first_and_each_names_its_winner():
     md = to_markdown(t)
     assert md.count("\n") == 7
     assert "| 1024 | 1 Gbit/s | 0.96 | layerwise | gloo | +20.0 [18.0, 22.0] | 20.0 [18.0, 22.0] | 1.0 |" in md
+
+
+def test_a_benchmark_run_of_several_lengths_gives_a_row_per_length():
+    bench = {**run("fused", 10, 99.0, 98.0, 100.0, n=None), "run_dir": "out/g10/fused"}
+    requests = pd.DataFrame([{"run_dir": "out/g10/fused", "prompt_len": n, "match": True, "ttft_overhead_ms": ms,
+                              "after_forward_ms": ms - 1, "prefill_ttft_overhead_ms": 1.0, "transfer_ms": ms / 2,
+                              "kv_ms": 0.5, "bytes": n * 1000} for n, ms in [(2048, 10.0), (2048, 12.0), (8192, 40.0)]])
+    same = run("fused", None, 5.0, 4.0, 6.0, kind="none", n=2048) | {"run_dir": "out/same/fused"}  # one length: as is
+    t = link_table(by_prompt_length(pd.DataFrame([bench, same]), requests))
+    assert list(zip(t["prompt_len"], t["link"], t["requests"])) == [
+        (2048, "same machine", 8), (2048, "10 Gbit/s", 2), (8192, "10 Gbit/s", 1)]
+    assert t.iloc[1]["ttft_overhead_ms_p50"] == 11.0 and t.iloc[1]["transfer_ms_p50"] == 5.5
+    assert (t.iloc[1]["ttft_overhead_ms_p50_lo"], t.iloc[1]["ttft_overhead_ms_p50_hi"]) == (10.0, 12.0)
+    assert t.iloc[2]["after_forward_ms_p50"] == 39.0 and t.iloc[2]["bytes_p50"] == 8192000
