@@ -348,16 +348,11 @@ def load_connector(strategy: DictConfig) -> type:
 
 
 def check_equal_degrees(cfg: DictConfig, connector: type | None) -> None:
-    """A lossy strategy's payload (codecs.py) is not cut by KV head, as the channel cuts the KV
-    between engines of different tensor-parallel degrees, and chunkwise's earlier messages do not
-    carry the count a decode worker joining several prefill workers needs: both need equal degrees."""
-    why = None
-    if getattr(connector, "codec", None) is not None:
-        why = f"is lossy ({connector.codec}): its compressed payload is not cut by KV head"
-    elif getattr(connector, "needs_equal_tp", False):
-        why = "sends messages whose count is known only at the last one"
-    if why is None:
+    """chunkwise's earlier messages do not carry the count a decode worker joining several prefill
+    workers needs: it needs equal tensor-parallel degrees."""
+    if not getattr(connector, "needs_equal_tp", False):
         return
+    why = "sends messages whose count is known only at the last one"
     p, d = tp_degree(cfg, "prefill"), tp_degree(cfg, "decode")
     if p != d:
         raise ConfigError(f"strategy {cfg.strategy.name!r} {why}, so the prefill and decode engines need equal "

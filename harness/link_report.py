@@ -77,8 +77,9 @@ def by_prompt_length(runs: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame
 
 
 def link_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """runs: load_runs' frame (by_prompt_length's, where a run has several lengths). Runs of one cell (model, device, prompt length, link, strategy)
-    are pooled by their medians' mean (the interval of the first: a cell is one run here)."""
+    """runs: load_runs' frame (by_prompt_length's where a run has several lengths). Runs of one
+    cell (model, device, prompt length, link, strategy) are pooled by their medians' mean (the
+    interval of the first: a cell is one run here)."""
     df = runs.copy()
     if "run_dir" in df:
         linked = df.get("link.kind", pd.Series(None, index=df.index)).fillna("none") != "none"

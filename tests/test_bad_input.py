@@ -144,8 +144,6 @@ def test_vllm_example_with_a_prompt_under_one_block(tmp_path):
                                           "(64)", "engine.block_size"]),
     (["engines.prefill={dtype:bfloat16}"], ["dtype differs"]),
     (["check.max_accuracy_drop=2"], ["check.max_accuracy_drop must be a number from 0 to 1", "got 2"]),
-    (["strategy=fused_int8", "engines.decode={tensor_parallel_size:2}"],
-     ["strategy 'fused_int8' is lossy (int8)", "equal tensor_parallel_size (got 1 and 2)"]),
     (["strategy=chunkwise", "engines.prefill={tensor_parallel_size:2}"],
      ["strategy 'chunkwise' sends messages whose count is known only at the last one", "(got 2 and 1)"]),
     (["strategy=fused_fp8", "strategy.params.scale=layer"], ["strategy.params.scale must be one of 'block', 'token'"]),

@@ -99,6 +99,40 @@ def test_a_requests_blocks_both_ways_through_the_cache(layout):
         codec.decode_into(payload[:-4], dst)
 
 
+def heads_of_layout(caches: dict, axis: int, heads: range) -> KVBlocks:
+    """The engine holding only `heads` of caches' KV heads (a tensor-parallel worker's share)."""
+    n_blocks = next(iter(caches.values())).shape[0 if axis == 1 else 1]
+    return KVBlocks({k: t.narrow(axis, heads.start, len(heads)).contiguous() for k, t in caches.items()}, n_blocks,
+                    len(heads))
+
+
+@pytest.mark.parametrize("axis", [1, 3], ids=["cpu", "gpu"])  # the head axis of the layer: CPU's, FlashAttention's
+@pytest.mark.parametrize("fmt,params", CODECS, ids=lambda c: getattr(c, "scale", c))
+def test_a_payload_cut_by_head_is_those_heads_encoded_and_the_cuts_join_into_the_whole(axis, fmt, params):
+    """No scale spans two heads: the part of a payload a decode worker of another TP degree takes is
+    the payload its own heads would give, and a decode worker fed by several prefill workers joins
+    their parts into the payload of all its heads (head_shards.py)."""
+    shape = [12, 4, BLOCK, 2 * HEAD_SIZE] if axis == 1 else [2, 12, BLOCK, 4, HEAD_SIZE]
+    caches = {f"l{i}": torch.randn(shape) for i in range(3)}
+    whole = KVBlocks(caches, 12, 4)
+    codec = Codec(fmt, params).attach(whole, BLOCK, HEAD_SIZE)
+    ids = [3, 4, 9]
+    payload = codec.encode_plan(ids, torch.empty(codec.nbytes(3, 3), dtype=torch.uint8))()
+    parts = []
+    for heads in (range(0, 1), range(1, 3), range(3, 4)):
+        mine = Codec(fmt, params).attach(heads_of_layout(caches, axis, heads), BLOCK, HEAD_SIZE)
+        own = mine.encode_plan(ids, torch.empty(mine.nbytes(3, 3), dtype=torch.uint8))()
+        part = codec.cut(payload, heads)
+        assert part.numel() == codec.head_nbytes(3, len(heads)) and torch.equal(part, own)
+        parts.append((part, len(heads)))
+    assert torch.equal(codec.join(parts), payload)
+    assert codec.blocks_in(payload.numel() - 1, 4) is None
+    with pytest.raises(ValueError, match="not whole blocks"):
+        codec.cut(payload[:-4], range(0, 1))
+    with pytest.raises(ValueError, match="do not make"):
+        codec.join(parts[:2])
+
+
 def test_the_default_scales_keep_k_and_v_apart_on_the_cpu_layout():
     """K and V side by side in one axis (CPU): channels = the head size gives each its own scale,
     so a V ten times K's size costs K nothing."""
@@ -175,7 +209,7 @@ def test_a_changed_or_missing_scale_is_caught():
     assert digests_agree([sent], [got], 1, 1) is False
     # the payload alone differing (the blocks as sent) fails it too: the transport must be exact
     assert digests_agree([sent], [dataclasses.replace(intact, payload_digest=got.payload_digest)], 1, 1) is False
-    # a lossy strategy's digests are judged only at equal degrees (the payload is not cut by head)
+    # between other degrees each part's checksum is judged: a whole payload's does not stand for one
     assert digests_agree([sent], [dataclasses.replace(intact, rank=0)], 1, 2) is False
 
     with pytest.raises(ValueError, match=r"is \d+ bytes, got"):

@@ -5,8 +5,9 @@ the reconstruction's digests agree on both sides), the reconstruction's error re
 the codec's bound, bytes down by the format's ratio, outputs compared with the baseline and the
 cost reported (not required to match); and their faults caught as any strategy's.
 
-make test runs the aggressive codec (fused_int4); make test-full every lossy strategy, and the
-fault runs (a scale cut off in transit, a byte flipped without checksums)."""
+make test runs the aggressive codec (fused_int4) and int8 from a prefill engine of TP 1 to a decode
+engine of TP 2 (the payload cut by head); make test-full every lossy strategy, TP 2 -> 1 and 2 -> 2,
+and the fault runs (a scale cut off in transit, a byte flipped without checksums)."""
 
 import json
 
@@ -18,6 +19,7 @@ from harness.resolvers import built_in_strategies
 from tests.conftest import FULL, ROOT, cells, run_harness
 from tests.helpers.runs import check_faults_caught, edge_prompts, harness_on_edge_prompts, worker_records
 from transfer_strategies.codecs import FORMATS
+from transfer_strategies.tp import shares
 
 pytestmark = pytest.mark.engine
 
@@ -121,21 +123,31 @@ def test_a_byte_flipped_without_checksums_fails_the_digests(results_dir):
     assert all(r["digest_match"] is False and r["error"] is None for r in faulted)
 
 
-@FULL
-def test_each_tensor_parallel_worker_compresses_its_own_heads(results_dir, tmp_path_factory):
-    """TP 2 -> 2 (equal degrees: lossy payloads are not cut by head): each prefill worker compresses
-    its heads' KV, its decode peer reconstructs them; per worker the payload checksums and the
+@pytest.mark.parametrize("degrees", cells([(1, 2), (2, 1), (2, 2)], {(1, 2)}, ids=lambda c: f"{c[0]}to{c[1]}"))
+def test_each_tensor_parallel_worker_compresses_its_own_heads(results_dir, tmp_path_factory, degrees):
+    """Each prefill worker compresses its heads' KV and each decode worker reconstructs its own:
+    2 -> 2 worker to worker; 1 -> 2 the payload cut by head, each part what that head alone
+    compresses to; 2 -> 1 the parts joined. Per channel the payload checksums (of each part) and the
     digests agree, and the request rows merge the workers' errors."""
+    p, d = degrees
     POOL.close()  # as the TP tests: what earlier runs kept is not this run's
-    run = harness_on_edge_prompts(results_dir, tmp_path_factory, "lossy-tp-2to2", "strategy=fused_int8",
-                                  "engines.prefill={tensor_parallel_size:2}", "engines.decode={tensor_parallel_size:2}")
+    run = harness_on_edge_prompts(results_dir, tmp_path_factory, f"lossy-tp-{p}to{d}", "strategy=fused_int8",
+                                  f"engines.prefill={{tensor_parallel_size:{p}}}",
+                                  f"engines.decode={{tensor_parallel_size:{d}}}")
     POOL.close()
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
     assert s["status"] == "ok" and s["digest_failures"] == 0 and s["digest_checked"] == len(edge_prompts()) - 1
-    for sent, received in zip(worker_records(run, "send", 2), worker_records(run, "receive", 2)):
-        got = {r["transfer_id"]: r["payload_digest"] for r in received if r["blocks"] > r["skip_blocks"]}
-        assert got and all(got[r["transfer_id"]] == r["payload_digest"] for r in sent if r["transfer_id"] in got)
+    sent, received = worker_records(run, "send", p), worker_records(run, "receive", d)
+    for share in shares(p, d, MODEL["num_key_value_heads"]):
+        got = {r["transfer_id"]: r["payload_digest"] for r in received[share.decode_rank]
+               if r["blocks"] > r["skip_blocks"]}
+        mine = {r["transfer_id"]: r["payload_digest"] for r in sent[share.prefill_rank] if r["transfer_id"] in got}
+        assert got and mine.keys() == got.keys()
+        if p == d:  # one payload each way
+            assert mine == got
+        else:  # a checksum per part: what this prefill worker sent that decode worker, as it arrived
+            assert all(mine[t][str(share.decode_rank)] == got[t][str(share.prefill_rank)] for t in got)
     bound = FORMATS["int8"].rel_error + torch.finfo(torch.float32).eps + 2.0**-20
     assert all(0 < r["codec_max_rel"] <= bound for r in run.jsonl("requests.jsonl") if r["blocks"])
 

@@ -219,7 +219,7 @@ class TransferConnector(KVConnectorBase_V1):
         self.worker.register(kv_caches, self._kv_cache_config.num_blocks, self.block_size, self._placement())
         if self.codec is not None:
             head_size = self._vllm_config.model_config.get_head_size()
-            self.worker.codec = Codec(self.codec, self.params).attach(self.kv, self.block_size, head_size)
+            self.worker.use_codec(Codec(self.codec, self.params).attach(self.kv, self.block_size, head_size))
 
     def _placement(self) -> Placement:
         """This worker's rank and both engines' TP degrees (the other engine's from the harness),

@@ -52,24 +52,33 @@ class Readback:
 
 
 class PayloadCheck:
-    """The receiver's checksum of a payload as it arrived, queued on its device."""
+    """The receiver's checksum of a payload as it arrived, queued on its device; of each part
+    (by the prefill worker's rank) where several prefill workers' parts joined into it."""
 
-    def __init__(self, payload: torch.Tensor):
-        self._sum = Readback(total=payload_sum(payload))
+    def __init__(self, payload: torch.Tensor | dict[str, torch.Tensor]):
+        self.keys = list(payload) if isinstance(payload, dict) else None
+        parts = list(payload.values()) if isinstance(payload, dict) else [payload]
+        self._sums = Readback(total=torch.stack([payload_sum(p) for p in parts]) if parts else torch.zeros(0))
 
     def fill(self, record) -> None:
-        record.payload_digest = checksum_hex(int(self._sum.get()["total"]))
+        sums = [checksum_hex(int(v)) for v in self._sums.get()["total"].tolist()]
+        record.payload_digest = sums[0] if self.keys is None else dict(zip(self.keys, sums, strict=True))
 
 
 class SendCheck:
-    """A lossy sender's check of blocks `block_ids` (the module's docstring), launched now."""
+    """A lossy sender's check of blocks `block_ids` (the module's docstring), launched now.
+    shares: between engines of different TP degrees, (decode worker's rank, this worker's heads it
+    takes) of each part the payload was cut into (head_shards.py): the checksum of each part,
+    by that rank. The kernel checksums a whole payload only: such a check runs on torch."""
 
-    def __init__(self, codec: Codec, digests: BlockDigests, block_ids: Sequence[int]):
+    def __init__(self, codec: Codec, digests: BlockDigests, block_ids: Sequence[int],
+                 shares: list[tuple[str, range]] | None = None):
         kv = codec.kv
         self.n_values = kv.nbytes(len(block_ids), 1) // kv.dtype.itemsize  # per layer
         self.empty = not block_ids
         timer = DeviceTimer(kv.device)
-        got = codec.kernel.check(device_ids(block_ids, kv.device)) if codec.kernel is not None else None
+        kernel = codec.kernel if shares is None else None
+        got = kernel.check(device_ids(block_ids, kv.device)) if kernel is not None else None
         if got is None:  # torch: compress again, reconstruct, compare, digest the reconstruction
             n = len(block_ids)
             original = kv.gather(block_ids, torch.empty(kv.n_layers, *kv.layer_shape(n), dtype=kv.dtype,
@@ -78,7 +87,11 @@ class SendCheck:
                                                                device=kv.device))()
             reconstructed = codec.decode(payload, kv.n_layers, n)
             self.error = reconstruction_error(original, reconstructed)
-            self.payload_digest = checksum_hex(int(payload_sum(payload)))
+            if shares is None:
+                self.payload_digest = checksum_hex(int(payload_sum(payload)))
+            else:
+                self.payload_digest = {rank: checksum_hex(int(payload_sum(codec.cut(payload, heads))))
+                                       for rank, heads in shares}
             self.digests, self._stats = digests.launch(block_ids, reconstructed), None
             return
         cols = got["digests"].t().contiguous()  # [heads, blocks], as BlockDigests.launch leaves them

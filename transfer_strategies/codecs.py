@@ -20,12 +20,15 @@ grows with the group's range (an outlier token or channel spends every other val
           error within 1/14 of the group's largest magnitude, 5 bits a value with its scale
 
 The payload: the quantized values in the buffer's element order (packed for int4), then the
-scales in theirs. A receiver checks its size before reading it: a payload cut short (a scale
-gone missing) is refused, not read. `max_rel_error` is what the codec guarantees: no value's
-error exceeds it times the largest magnitude of its group, so of its layer (the records'
-`codec_max_rel`, measured on the sender, is checked against it by the tests), except in groups
-whose largest magnitude is below qmax x 2^-126 (bf16 subnormals), whose values are kept to within
-2^-127 (their scale is held at float32's smallest normal).
+scales in theirs. No scale spans two KV heads, so the payload of some heads (`cut`) is what
+encoding only those heads gives, and payloads of consecutive heads `join` into one: how a
+lossy payload crosses engines of different tensor-parallel degrees (head_shards.py). A receiver
+checks its size before reading it: a payload cut short (a scale gone missing) is refused, not
+read. `max_rel_error` is what the codec guarantees: no value's error exceeds it times the largest
+magnitude of its group, so of its layer (the records' `codec_max_rel`, measured on the sender, is
+checked against it by the tests), except in groups whose largest magnitude is below qmax x 2^-126
+(bf16 subnormals), whose values are kept to within 2^-127 (their scale is held at float32's
+smallest normal).
 """
 
 from __future__ import annotations
@@ -173,6 +176,61 @@ class Codec:
             raise ValueError(f"a {self.name} payload of {n_blocks} block(s) x {n_layers} layer(s) is {want} bytes, "
                              f"got {data.numel()}")
         return data
+
+    # ---------------------------------------------------------------- by KV head (tensor parallelism)
+    def head_nbytes(self, n_blocks: int, heads: int) -> int:
+        """Bytes of a payload of n_blocks blocks of every layer holding `heads` of this engine's heads."""
+        return self.nbytes(self.kv.n_layers, n_blocks) // self.kv.n_heads * heads
+
+    def blocks_in(self, nbytes: int, heads: int) -> int | None:
+        """How many blocks a payload of nbytes holding `heads` heads has (None: no whole number)."""
+        per = self.head_nbytes(1, heads)
+        return nbytes // per if per and nbytes % per == 0 else None
+
+    def _head_views(self, payload: torch.Tensor, n_blocks: int, heads: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """A payload of `heads` heads as (values [..., heads, ..., bytes of a group], scales
+        [..., heads, ...], the head axis): a head's values and scales are a slice of that axis."""
+        if self.kv.head_dim is None:
+            raise ValueError(f"codec {self.name}: this engine's KV has no head axis to cut its payload by")
+        axis = 1 + self.kv.head_dim
+        values = self._grouped(self.kv.n_layers, n_blocks)
+        values[-1] = values[-1] * self.format.bits // 8  # int4: two values a byte, never across groups
+        scales = self.scale_shape(self.kv.n_layers, n_blocks)
+        values[axis] = scales[axis] = heads
+        nv = math.prod(values)
+        data = payload.view(-1).view(torch.uint8)
+        return data[:nv].view(values), data[nv:].view(torch.float32).view(scales), axis
+
+    def cut(self, payload: torch.Tensor, heads: range, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The payload of this engine's heads `heads` out of a payload of all of them (into out,
+        uint8, head_nbytes(n, len(heads)), or a new tensor)."""
+        n = self.blocks_in(payload.numel() * payload.element_size(), self.kv.n_heads)
+        if n is None:
+            raise ValueError(f"a {self.name} payload of {payload.numel()} bytes is not whole blocks")
+        values, scales, axis = self._head_views(payload, n, self.kv.n_heads)
+        if out is None:
+            out = torch.empty(self.head_nbytes(n, len(heads)), dtype=torch.uint8, device=payload.device)
+        v, s, _ = self._head_views(out, n, len(heads))
+        v.copy_(values.narrow(axis, heads.start, len(heads)))
+        s.copy_(scales.narrow(axis, heads.start, len(heads)))
+        return out
+
+    def join(self, parts: list[tuple[torch.Tensor, int]]) -> torch.Tensor:
+        """One payload of this engine's heads from payloads of consecutive heads, in head order:
+        (payload, how many heads it holds) each."""
+        if sum(k for _, k in parts) != self.kv.n_heads:
+            raise ValueError(f"parts of {[k for _, k in parts]} heads do not make this engine's {self.kv.n_heads}")
+        n = {self.blocks_in(p.numel(), k) for p, k in parts}
+        if len(n) != 1 or None in n:
+            raise ValueError(f"{self.name} payloads of {[p.numel() for p, _ in parts]} bytes do not hold as many "
+                             f"blocks each")
+        n = n.pop()
+        out = torch.empty(self.nbytes(self.kv.n_layers, n), dtype=torch.uint8, device=parts[0][0].device)
+        values, scales, axis = self._head_views(out, n, self.kv.n_heads)
+        views = [self._head_views(p, n, k) for p, k in parts]
+        torch.cat([v for v, _, _ in views], dim=axis, out=values)
+        torch.cat([s for _, s, _ in views], dim=axis, out=scales)
+        return out
 
     # ---------------------------------------------------------------- a buffer of blocks, both ways (torch)
     def encode(self, blocks: torch.Tensor, out: torch.Tensor) -> torch.Tensor:

@@ -3,7 +3,9 @@ heads to whom). A strategy posts and collects as with one channel; these two wra
 
 ShardedSender, on a prefill worker with other than exactly one decode peer taking all its heads:
 a payload in the KV dtype (blocks, as `gather` builds them, or whole layers) is cut by head and
-each decode peer gets its heads; any other payload (full_cache's block ids) goes whole to each.
+each decode peer gets its heads; so is a lossy strategy's compressed payload (`codec`: no scale
+spans two heads, codecs.py), each part the payload its heads alone would give; any other payload
+(full_cache's block ids, a payload a fault cut short) goes whole to each.
 Cutting costs one copy per peer, into that peer's staging space: a push sender builds its
 payload before it knows the peers' shares, so the zero-copy path (gather straight into the one
 receiver's buffer) is kept for the one-peer case.
@@ -11,7 +13,8 @@ receiver's buffer) is kept for the one-peer case.
 HeadJoinReceiver, on a decode worker fed by several prefill workers: their messages come into one
 inbox (fan_in.py); each prefill worker numbers its messages after the ones of the workers before
 it (slot * count + index), and a collected message is the parts joined along the head axis, in
-head order (one copy on the decode side).
+head order (one copy on the decode side); a lossy strategy's parts join into one compressed
+payload of the worker's heads (`codec`), the parts kept in its meta for their checksums.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class ShardedSender:
         """targets: (channel, local heads it takes, slot, slots) per decode peer."""
         self.kv, self.targets = kv, targets
         self.whole = len(targets) == 1 and len(targets[0][1]) == kv.n_heads  # no cutting: build in place
+        self.codec = None  # a lossy strategy's (worker.use_codec): its payloads are cut by head too
         self.last_written = None
 
     @property
@@ -69,12 +73,21 @@ class ShardedSender:
              **meta) -> int:
         sent = 0
         kv = payload.dtype == self.kv.dtype  # blocks: each peer takes its heads
-        rows = self.kv.per_head(payload) if kv and not self.whole else None
+        size = payload.numel() * payload.element_size()
+        # a compressed payload as its header describes it (a fault may have cut it short: then whole)
+        codec = (self.codec is not None and meta.get("nbytes") == size
+                 and self.codec.blocks_in(size, self.kv.n_heads) is not None)
+        rows = self.kv.per_head(payload) if kv and not self.whole and not codec else None
         for channel, heads, slot, slots in self.targets:
-            part, part_meta = payload, dict(meta, heads=len(heads)) if kv else meta  # heads: for the joining side
+            # heads: for the joining side
+            part, part_meta = payload, dict(meta, heads=len(heads)) if kv or codec else meta
             if rows is not None:
                 mine = rows[:, heads.start:heads.stop]
                 part = self.kv.typed(channel.alloc(mine.numel() * mine.element_size())).view(mine.shape).copy_(mine)
+            elif codec and not self.whole:
+                n = self.codec.blocks_in(size, self.kv.n_heads)
+                part = self.codec.cut(payload, heads, out=channel.alloc(self.codec.head_nbytes(n, len(heads))))
+            if part is not payload:
                 part_meta["nbytes"] = part.numel() * part.element_size()
                 if "checksum" in meta:
                     part_meta["checksum"] = payload_checksum(as_bytes(part))
@@ -99,6 +112,7 @@ class HeadJoinReceiver:
     def __init__(self, kv: KVBlocks, channel, slots: int):
         """channel: the fan-in of the `slots` prefill workers' channels, in head order."""
         self.kv, self.channel, self.slots = kv, channel, slots
+        self.codec = None  # a lossy strategy's (worker.use_codec): parts join as compressed payloads
         self.inbox = channel.inbox
 
     def wait(self, transfer_id: str, index: int | None = None) -> list[Message]:
@@ -119,6 +133,9 @@ class HeadJoinReceiver:
             meta["damage"] = damage
         if "heads" not in first.meta or damage:  # whole to every decode worker: any copy will do
             payload = first.payload
+        elif self.codec is not None:
+            payload = self.codec.join([(m.payload, m.meta["heads"]) for m in parts])
+            meta["parts"] = [m.payload for m in parts]  # as they arrived: the receiver checksums each
         else:
             inner = self.kv.head_inner()
             payload = as_bytes(torch.cat([self.kv.typed(m.payload).view(-1, m.meta["heads"], inner) for m in parts],

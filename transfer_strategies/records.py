@@ -54,7 +54,9 @@ from pathlib import Path
 #      (results/README.md)
 #  15: runner=serve's handover: its P/D rows gain base_ttft_ms and handover_<part>_ms, its summary
 #      handover_parts_mean_ms (harness/schema.py HANDOVER_PATH)
-SCHEMA_VERSION = 15
+#  16: lossy strategies between engines of different tensor-parallel degrees: a transfer record's
+#      payload_digest is then one checksum per part ({the other worker's rank: hex})
+SCHEMA_VERSION = 16
 UNVERSIONED = 1  # what a row without schema_version is
 
 
@@ -115,10 +117,13 @@ class TransferRecord(JsonRecord):
     # its time (send: compressing, after the gather; receive: reconstructing), the checksum of the
     # compressed payload with its scales (send: of what it should have sent; receive: of what
     # arrived), and (send) the reconstruction's error against the original, per layer:
-    # {max_abs, mean_abs, max_rel, mean_rel: [one per layer]} (codecs.reconstruction_error)
+    # {max_abs, mean_abs, max_rel, mean_rel: [one per layer]} (codecs.reconstruction_error).
+    # Between engines of different TP degrees the payload is cut by head (head_shards.py), and
+    # payload_digest is each part's checksum by the other side's worker: {decode rank: hex} on a
+    # send record, {prefill rank: hex} on a receive record
     codec: str | None = None
     codec_ms: float | None = None
-    payload_digest: str | None = None
+    payload_digest: str | dict[str, str] | None = None
     codec_error: dict[str, list[float]] | None = None
     # send, a strategy streaming from inside the forward pass (layerwise; None elsewhere, from version
     # 13): the host time its per-layer hooks spent on this request, summed over layers
@@ -177,15 +182,16 @@ def digests_agree(sent: list[TransferRecord], received: list[TransferRecord], p:
 
     A lossy strategy's (codecs.py) sender digests the blocks the receiver should reconstruct,
     and both sides checksum the compressed payload: each decode worker's must equal its
-    sender's (equal degrees: worker r to worker r)."""
+    sender's (equal degrees: worker r to worker r; else each part, per share)."""
     if not sent or not received or any(r.digests is None for r in sent + received):
         return None
     skip = max(r.skip_blocks for r in received)  # the decode engine's, the same on every worker
     if skip >= max(r.blocks for r in received):
         return None
-    if any(r.codec for r in sent + received):
+    lossy = any(r.codec for r in sent + received)
+    if lossy and p == d:
         payloads = {r.rank or 0: r.payload_digest for r in sent}
-        if p != d or any(r.payload_digest is None or r.payload_digest != payloads.get(r.rank or 0) for r in received):
+        if any(r.payload_digest is None or r.payload_digest != payloads.get(r.rank or 0) for r in received):
             return False
     sends = {r.rank or 0: {h: ds[skip:] for h, ds in r.digests.items()} for r in sent}
     receives = {r.rank or 0: r.digests for r in received}
@@ -198,6 +204,15 @@ def digests_agree(sent: list[TransferRecord], received: list[TransferRecord], p:
     n_heads = len({h for digests in sends.values() for h in digests})
     if not all(receives[q].keys() == {str(h) for h in heads_of(q, d, n_heads)} for q in range(d)):
         return False
+    if lossy:  # each part: what its prefill worker checksummed for that decode worker, as it arrived
+        sent_parts = {r.rank or 0: r.payload_digest for r in sent}
+        got_parts = {r.rank or 0: r.payload_digest for r in received}
+        for s in shares(p, d, n_heads):
+            mine, theirs = sent_parts[s.prefill_rank], got_parts[s.decode_rank]
+            if not (isinstance(mine, dict) and isinstance(theirs, dict)
+                    and mine.get(str(s.decode_rank)) is not None
+                    and mine.get(str(s.decode_rank)) == theirs.get(str(s.prefill_rank))):
+                return False
     return all(sends[s.prefill_rank].get(str(h)) == receives[s.decode_rank][str(h)]
                for s in shares(p, d, n_heads) for h in s.heads)
 

@@ -26,7 +26,7 @@ from transfer_strategies.connector_config import HarnessSettings, TransportSetti
 from transfer_strategies.connector_stats import Tally
 from transfer_strategies.digests import BlockDigests
 from transfer_strategies.faults import WITHHELD, TransferFault, check_message, damage, header
-from transfer_strategies.head_shards import open_sharded
+from transfer_strategies.head_shards import HeadJoinReceiver, ShardedSender, open_sharded
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.kv_transfer_params import PEER
 from transfer_strategies.negative_control import corrupt_received
@@ -82,6 +82,13 @@ class TransferWorker:
         shares = iter(place.my_shares())  # each channel's handshake in the order they open
         self.channel = open_sharded(place, self.kv, h.rendezvous, opening,
                                     on_open=lambda channel: self._exchange_layout(channel, layout, next(shares)))
+
+    def use_codec(self, codec: Codec) -> None:
+        """A lossy strategy's codec, bound to this engine's layout; between engines of different
+        tensor-parallel degrees the channel cuts and joins its payloads by head with it."""
+        self.codec = codec
+        if isinstance(self.channel, (ShardedSender, HeadJoinReceiver)):
+            self.channel.codec = codec
 
     def attach(self, kv_caches: dict[str, torch.Tensor], num_blocks: int, place: Placement | None = None) -> None:
         """This engine's KV cache and records, before any channel opens."""
@@ -255,13 +262,35 @@ class TransferWorker:
         engine's blocks past its prefix-cache hits; one of another size than the codec's for this
         request (a scale gone missing) is a TransferFault, and nothing is written."""
         if self.verify:  # queued before the reconstruction; read in the record's thread
-            req.progress.payload_check = PayloadCheck(payload)
+            req.progress.payload_check = PayloadCheck(self._payload_parts(req, payload))
         timer = DeviceTimer(self.kv.device)
         try:
             self.codec.decode_into(payload, req.block_ids, req.skip_blocks)
         except ValueError as e:
             raise TransferFault(f"transfer {req.transfer_id}: {e}") from None
         req.progress.codec_ms = timer.stop()
+
+    def _unequal_degrees(self) -> bool:
+        return self.place is not None and self.place.prefill_tp != self.place.decode_tp
+
+    def _payload_parts(self, req: TransferRequest, payload: torch.Tensor):
+        """What a lossy receiver checksums: the payload as it arrived, or between engines of
+        different TP degrees each prefill worker's part of it, by that worker's rank (as the
+        sender checksums what each decode worker should get: _payload_shares)."""
+        if not self._unequal_degrees():
+            return payload
+        joined = next((m.meta["parts"] for m in req.progress.received if m.payload is payload and "parts" in m.meta),
+                      [payload])
+        return {str(s.prefill_rank): part for s, part in zip(self.place.my_shares(), joined, strict=True)}
+
+    def _payload_shares(self) -> list[tuple[str, range]] | None:
+        """Between engines of different TP degrees, each decode worker this prefill worker sends to
+        (its rank) and the heads it takes, of this worker's; None: one payload, whole."""
+        if not self._unequal_degrees():
+            return None
+        first = self.place.heads.start
+        return [(str(s.decode_rank), range(s.heads.start - first, s.heads.stop - first))
+                for s in self.place.my_shares()]
 
     def collect(self, req: TransferRequest, index: int | None = None) -> list[Message]:
         msgs = self.channel.wait(req.transfer_id, index)
@@ -327,7 +356,7 @@ class TransferWorker:
             # read back and written by the record queue's thread, off this step. A lossy sender
             # checks what it should have sent instead of digesting its cache (codec_checks.py).
             if side == "send" and self.codec is not None:
-                pending.append(SendCheck(self.codec, self.digests, req.block_ids))
+                pending.append(SendCheck(self.codec, self.digests, req.block_ids, self._payload_shares()))
             else:
                 pending.append(self.digests.launch(self.transfer_block_ids(req)))
             if req.progress.payload_check is not None:
