@@ -36,7 +36,7 @@ INDEX = Path("results") / "INDEX.md"
 SESSION = re.compile(r"^(\d{4}-\d{2}-\d{2})-s(\d+)(?:-(.+))?$")  # <date>-s<session>[-<topic>]
 
 # what keeps git lean: every run directory (its own files, not those of runs below it) within
-# RUN_BUDGET_BYTES (the largest, a 1,000-request soak run, is 0.92 MiB), results/ within
+# RUN_BUDGET_BYTES (the largest, a 1,000-request soak run, was 0.92 MiB), results/ within
 # TOTAL_BUDGET_BYTES; a run allowed more is listed here with the reason
 RUN_BUDGET_BYTES = 1 << 20
 # 15 MB until 2026-12-04's session 21, whose lossy strategies' accuracy runs (0.78 MB,
@@ -50,12 +50,17 @@ BEFORE_SLIMMING = "18f0b0e919a9177a8fb57e0a96426a0cfc496ab4"
 
 @dataclass(frozen=True)
 class Archived:
-    path: str  # relative to results/, at BEFORE_SLIMMING
+    path: str  # relative to results/, at `commit`
     why: str
+    commit: str = BEFORE_SLIMMING  # a commit that holds it
 
 
-# superseded runs no document or test cites, removed from the tree (git show/checkout brings them back)
-ARCHIVED: list[Archived] = []
+# runs no document or test cites, removed from the tree (git show/checkout brings them back)
+ARCHIVED: list[Archived] = [
+    Archived("cpu/2026-12-01-s10-soak", "session 10's 1,000-request soak of every strategy on CPU (issue 14; code "
+             "b9ee97f): no document but its own README cited it; 3.8 MB, archived in session 27 when results/ "
+             "reached its budget", "b5a0ecd3ebc819747cbd2085b3e5fe2cb3afc387"),
+]
 
 # the GPU sessions' old names (until issue 27): records and notes written then still use them
 RENAMED = {f"gpu/session{n}": f"gpu/{d}-s{n}" for n, d in [
@@ -338,11 +343,11 @@ def render(root: Path = PROJECT_ROOT) -> str:
         "",
         "## Archived",
         "",
-        "Superseded runs that no document or test cites, removed from the tree. Each comes back with",
-        f"`git checkout {BEFORE_SLIMMING[:12]} -- results/<path>` (or",
-        f"`git show {BEFORE_SLIMMING[:12]}:results/<path>/<file>`).",
+        "Runs that no document or test cites, removed from the tree. Each comes back with",
+        "`git checkout <commit> -- results/<path>` (or `git show <commit>:results/<path>/<file>`).",
         "",
-        (_table(["directory (at that commit)", "why"], [[f"`{a.path}`", a.why] for a in ARCHIVED]) if ARCHIVED else
+        (_table(["directory (at that commit)", "commit", "why"],
+                [[f"`{a.path}`", f"`{a.commit[:12]}`", a.why] for a in ARCHIVED]) if ARCHIVED else
          "None so far: every committed run directory is cited by a document (the table above), so all stay."),
         "",
         "## Renamed",
