@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -152,8 +153,14 @@ class ServingDeployment:
         return out
 
     def stop(self, grace_s: float) -> None:
-        for s in reversed(self.servers.values()):  # the routers (added last) before the instances behind them
+        """The routers, then every instance at once: one by one, five instances given grace_s each
+        to shut down (more than 10 s each on the loaded 2-core machine) outlasted a Ctrl-C's wait."""
+        routers = [s for name, s in self.servers.items() if name.endswith("router")]
+        for s in reversed(routers):  # added last: before the instances behind them
             s.stop(grace_s)
+        instances = [s for s in self.servers.values() if s not in routers]
+        with ThreadPoolExecutor(max(len(instances), 1)) as pool:
+            list(pool.map(lambda s: s.stop(grace_s), instances))  # every one stopped; then the first error, if any
         if not self.external:
             remove_leftovers(self.rendezvous)
             process_group.remove_unmapped(process_group.semaphores() - self.semaphores_before)
