@@ -154,7 +154,8 @@ class ServingDeployment:
 
     def stop(self, grace_s: float) -> None:
         """The routers, then every instance at once: one by one, five instances given grace_s each
-        to shut down (more than 10 s each on the loaded 2-core machine) outlasted a Ctrl-C's wait."""
+        to shut down can take over a minute on the loaded 2-core machine (a Ctrl-C in one make test
+        outlasted the test's 60 s wait)."""
         routers = [s for name, s in self.servers.items() if name.endswith("router")]
         for s in reversed(routers):  # added last: before the instances behind them
             s.stop(grace_s)
