@@ -216,6 +216,41 @@ def test_kv_is_cut_by_heads_and_joined_between_degrees(p, d, kind, tmp_path):
     assert all(proc.exitcode == 0 for proc in procs)
 
 
+class _Outbox:
+    """A decode peer's channel as a prefill worker's ShardedSender sees it: what was sent to it."""
+
+    last_written = None
+
+    def __init__(self):
+        self.sent = []
+
+    def alloc(self, nbytes):
+        return torch.empty(nbytes, dtype=torch.uint8)
+
+    def send(self, transfer_id, index, count, payload, background=False, **meta):
+        self.sent.append((payload.clone(), meta))
+        return payload.numel()
+
+
+def test_a_lossy_payload_is_cut_for_each_decode_peer_unless_a_fault_cut_it_short():
+    """1 -> 2: each decode peer gets the part of its heads, its header describing that part; a
+    payload a fault truncated is not a whole number of blocks' parts: it goes as it is, under the
+    header of the intact one, so each peer finds it short."""
+    kv = caches("cpu", range(4))
+    codec = _codec(kv)
+    peers = [_Outbox(), _Outbox()]
+    ch = ShardedSender(kv, [(peers[0], range(0, 2), 0, 1), (peers[1], range(2, 4), 0, 1)])
+    ch.codec = codec
+    payload = codec.encode_plan(CODEC_IDS, torch.empty(codec.nbytes(kv.n_layers, len(CODEC_IDS)), dtype=torch.uint8))()
+    ch.send("t", 0, 1, payload, nbytes=payload.numel())
+    for peer, heads in zip(peers, (range(0, 2), range(2, 4))):
+        part, meta = peer.sent[0]
+        assert torch.equal(part, codec.cut(payload, heads)) and meta["nbytes"] == part.numel() and meta["heads"] == 2
+    short = payload[: payload.numel() // 2]
+    ch.send("u", 0, 1, short, nbytes=payload.numel())
+    assert all(torch.equal(peer.sent[1][0], short) and peer.sent[1][1]["nbytes"] == payload.numel() for peer in peers)
+
+
 class _Inbox:
     """Two prefill workers' parts of one transfer, as the fan-in channel hands them out."""
 
