@@ -26,13 +26,21 @@ def _terminated(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def stop_on_signals() -> None:
+    """SIGTERM as Ctrl-C (_terminated), and Ctrl-C itself even where the process was started
+    with SIGINT ignored (a background job of a non-interactive shell: Python then leaves it
+    ignored, and a deployment outlived the test that pressed Ctrl-C)."""
+    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 # An absolute path: relative ones resolve against the calling module, which for the console
 # script (disagg-harness) is a package, not this file
 @hydra.main(version_base="1.3", config_path=str(PROJECT_ROOT / "conf"), config_name="config")
 def main(cfg: DictConfig) -> int:
     from pathlib import Path
 
-    signal.signal(signal.SIGTERM, _terminated)
+    stop_on_signals()
 
     if cfg.runner.name == "serve":
         from harness.serving.serve import run

@@ -17,7 +17,6 @@ Every instance and router is stopped on every way out. Exit codes: 0 (stopped by
 from __future__ import annotations
 
 import asyncio
-import signal
 import sys
 import time
 from pathlib import Path
@@ -26,7 +25,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from harness.__main__ import _terminated  # SIGTERM as Ctrl-C; also the entry point's logging and resolvers
+from harness.__main__ import stop_on_signals  # also the entry point's logging and resolvers
 from harness.checks import ConfigError, checked_inputs
 from harness.records import PROJECT_ROOT, write_json
 from harness.serving.deployment import ServingDeployment
@@ -77,7 +76,7 @@ def deploy(cfg: DictConfig, run_dir: Path) -> int:
 
 @hydra.main(version_base="1.3", config_path=str(PROJECT_ROOT / "conf"), config_name="config")
 def main(cfg: DictConfig) -> None:
-    signal.signal(signal.SIGTERM, _terminated)
+    stop_on_signals()
     code = deploy(cfg, Path(HydraConfig.get().runtime.output_dir))
     if code:
         sys.exit(code)

@@ -67,8 +67,11 @@ def deployment(results_dir):
     cmd = [sys.executable, "-m", "harness.deploy", f"hydra.run.dir={run_dir}", "device=cpu", "engine.max_model_len=512",
            "engine.kv_cache_gib=0.25", *DEPLOY]
     out = open(results_dir / "serve-fused.deploy.log", "w")  # noqa: SIM115 (open while the deployment runs)
+    # started with SIGINT ignored, as a background job of a non-interactive shell starts it: the
+    # last test's Ctrl-C must stop it all the same
     deploy = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                              env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                              env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # noqa: PLW1509
     router = None
     try:
         deadline = time.monotonic() + 600
@@ -94,7 +97,14 @@ def deployment(results_dir):
             router.stop()
         if deploy.poll() is None:
             deploy.send_signal(signal.SIGINT)
-            deploy.wait(60)
+            try:
+                deploy.wait(60)
+            except subprocess.TimeoutExpired:  # SIGTERM stops it as Ctrl-C does; nothing may outlive the test
+                deploy.terminate()
+                try:
+                    deploy.wait(60)
+                except subprocess.TimeoutExpired:
+                    deploy.kill()
         out.close()
 
 
