@@ -74,9 +74,10 @@ class ShardedSender:
         sent = 0
         kv = payload.dtype == self.kv.dtype  # blocks: each peer takes its heads
         size = payload.numel() * payload.element_size()
-        # a compressed payload as its header describes it (a fault may have cut it short: then whole)
-        codec = (self.codec is not None and meta.get("nbytes") == size
-                 and self.codec.blocks_in(size, self.kv.n_heads) is not None)
+        # blocks of a compressed payload as its header describes it (a fault may have cut it short: then whole)
+        n = self.codec.blocks_in(size, self.kv.n_heads) if self.codec is not None and meta.get("nbytes") == size \
+            else None
+        codec = n is not None
         rows = self.kv.per_head(payload) if kv and not self.whole and not codec else None
         for channel, heads, slot, slots in self.targets:
             # heads: for the joining side
@@ -85,7 +86,6 @@ class ShardedSender:
                 mine = rows[:, heads.start:heads.stop]
                 part = self.kv.typed(channel.alloc(mine.numel() * mine.element_size())).view(mine.shape).copy_(mine)
             elif codec and not self.whole:
-                n = self.codec.blocks_in(size, self.kv.n_heads)
                 part = self.codec.cut(payload, heads, out=channel.alloc(self.codec.head_nbytes(n, len(heads))))
             if part is not payload:
                 part_meta["nbytes"] = part.numel() * part.element_size()
