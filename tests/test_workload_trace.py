@@ -67,17 +67,18 @@ def test_the_serving_runner_replays_a_trace_with_probes_beside_it_twice(results_
     assert all(r["sent_s"] >= r["arrival_s"] for r in rows)
     assert [r["output_len"] for r in rows] == [8, 4, 6, 5] and all(r["digest_match"] for r in rows)
     # blocks an earlier request left in the decode instance's prefix cache (engine block 32: hash id 7's)
-    # are not sent again; request 2's hash ids are its own. Left there only once that request's KV was
-    # in (its first token came) before the later one was sent: request 1, 0.2 s after request 0, may
-    # come first on the loaded 2-core machine (seen once in a fresh-clone make test); request 3 comes
-    # 0.5 s after the last of them
+    # are not sent again; request 2's hash ids are its own. In the first pass a later request finds them
+    # only if they were in by the time it was sent, which the loaded 2-core machine does not promise
+    # (request 3, 0.5 s after the last, missed once in CI): where the earlier request's first token came
+    # before, they were. The second pass meets every full block of every prompt there.
     assert rows[0]["skip_blocks"] == rows[2]["skip_blocks"] == 0
 
     def cached_before(i: int) -> bool:
         return any(rows[j]["sent_s"] + rows[j]["ttft_ms"] / 1e3 <= rows[i]["sent_s"] for j in range(i) if j != 2)
 
-    assert cached_before(3)
     assert all(rows[i]["skip_blocks"] >= 1 for i in (1, 3) if cached_before(i))
+    again = sorted((r for r in every if r["repeat"] == 1), key=lambda r: r["request_idx"])
+    assert [r["skip_blocks"] for r in again] == [r["prompt_len"] // 32 for r in again] == [1, 3, 1, 2]
     probes = run.jsonl("probes.jsonl")
     assert sorted({r["path"] for r in probes}) == ["baseline_probe", "disagg_probe"] and len(probes) == 16
     assert all(r["status"] == "ok" and r["output_len"] == 4 and r["prompt_len"] == 16 for r in probes)
