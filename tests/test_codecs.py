@@ -266,7 +266,8 @@ def test_the_cuda_kernels_compile_for_hopper(kernel, fmt, per_token):
     needed (scripts/bench_codecs.py --check compares them with torch on one, the sender's check
     with its torch path too); each reads or writes the KV cache 16 bytes an instruction (told the
     blocks' alignment, block_start: one bf16 at a time, they ran at half of HBM's bandwidth), but
-    the FP8 check, which is not told it (codec_kernel.CodecKernel._check_consts: wrong on the H200)."""
+    the FP8 check, which is not told it (codec_kernel.CodecKernel._check_consts: wrong on the H200);
+    the payload's values too."""
     pytest.importorskip("triton")
     from tests.helpers.hopper import compile_for_hopper, global_accesses
     from transfer_strategies import codec_kernel
@@ -287,3 +288,5 @@ def test_the_cuda_kernels_compile_for_hopper(kernel, fmt, per_token):
         assert accesses[cache_access] > 0
         return
     assert accesses[cache_access] == 0 and accesses["ld.global.v4.b32" if kernel != "_decode" else "st.global.v4.b32"]
+    # and the payload's values several bytes an instruction (int4's went a byte at a time: its send 3.4x int8's)
+    assert not accesses["st.global.b8" if kernel == "_encode" else "ld.global.b8"]

@@ -43,6 +43,18 @@ def _quantize(x, amax, QMAX: tl.constexpr, FMT: tl.constexpr):
 
 
 @triton.jit
+def _packed(k, n_blocks, j, block_elems, stride_t, stride_h, h, BLOCK_T: tl.constexpr, S: tl.constexpr):
+    # int4's bytes of head h of a block: [BLOCK_T, S // 2], each a pair of values. Counted in bytes
+    # from the start (every stride and block even), not halved from the values' offsets, so Triton
+    # sees runs of S // 2 bytes and moves 8 a thread, not one at a time (which took the send to
+    # 3.4x int8's at 8k tokens, results/gpu/2026-12-04-s21; not timed on a GPU since)
+    t = tl.arange(0, BLOCK_T)
+    c = tl.arange(0, S // 2)
+    return ((k * n_blocks + j).to(tl.int64) * (block_elems // 2) + t[:, None] * (stride_t // 2) + h * (stride_h // 2)
+            + c[None, :])
+
+
+@triton.jit
 def _encode(cache, piece_offsets, ids, values, scales, n_blocks, block_elems, stride_t, stride_h,
             scales_per_block, scale_t, scale_h, T: tl.constexpr, S: tl.constexpr, BLOCK_T: tl.constexpr,
             C: tl.constexpr, QMAX: tl.constexpr, FMT: tl.constexpr, PER_TOKEN: tl.constexpr, ALIGN: tl.constexpr):
@@ -78,8 +90,8 @@ def _encode(cache, piece_offsets, ids, values, scales, n_blocks, block_elems, st
         tl.store(values + dst, q.to(tl.int8).to(tl.uint8, bitcast=True), mask=mask)
     else:  # two values a byte, the even one in the low half
         lo, hi = tl.split(tl.reshape((q + 8).to(tl.uint8), (BLOCK_T, S // 2, 2)))
-        even, _ = tl.split(tl.reshape(dst, (BLOCK_T, S // 2, 2)))
-        tl.store(values + even // 2, lo | (hi << 4), mask=mask)
+        tl.store(values + _packed(k, n_blocks, j, block_elems, stride_t, stride_h, h, BLOCK_T, S), lo | (hi << 4),
+                 mask=mask)
 
 
 @triton.jit
@@ -100,8 +112,8 @@ def _decode(cache, piece_offsets, ids, values, scales, n_blocks, first, block_el
     elif FMT == 1:
         q = tl.load(values + src, mask=mask, other=0).to(tl.int8, bitcast=True).to(tl.float32)
     else:
-        even, _ = tl.split(tl.reshape(src, (BLOCK_T, S // 2, 2)))
-        b = tl.load(values + even // 2, mask=mask, other=0)
+        b = tl.load(values + _packed(k, n_blocks, j, block_elems, stride_t, stride_h, h, BLOCK_T, S), mask=mask,
+                    other=0)
         q = tl.reshape(tl.join(b & 15, b >> 4), (BLOCK_T, S)).to(tl.float32) - 8
     g = tl.arange(0, G)
     if PER_TOKEN:
