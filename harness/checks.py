@@ -177,9 +177,9 @@ def check_settings(cfg: DictConfig) -> None:
 def check_parallelism(cfg: DictConfig) -> None:
     """Tensor parallelism per engine (engine.extra, engines.<role>): this project's connectors
     move each worker's KV heads to the decode workers that hold them (transfer_strategies/tp.py),
-    for degrees the model's KV heads allow. Pipeline and data parallelism, and tensor
-    parallelism in serving mode, are not supported by them (vLLM's own connectors take any
-    degree)."""
+    for degrees the model's KV heads allow, offline and in serving mode (any number of
+    instances a side). Pipeline and data parallelism are not supported by them (vLLM's own
+    connectors take any degree)."""
     from transfer_strategies.tp import degree_problem
 
     if not cfg.strategy.module:
@@ -200,11 +200,6 @@ def check_parallelism(cfg: DictConfig) -> None:
         if problem:
             raise ConfigError(f"{role} engine: {problem} (model {cfg.model.name})")
         degrees[role] = tp
-    if max(degrees["prefill"], degrees["decode"]) > 1 and cfg.runner.name == "serve" \
-            and (cfg.serve.prefill_instances, cfg.serve.decode_instances) != (1, 1):
-        raise ConfigError(f"tensor parallelism (prefill {degrees['prefill']}, decode {degrees['decode']}) with "
-                          f"runner=serve takes one prefill and one decode instance (1P1D), got "
-                          f"{cfg.serve.prefill_instances}P{cfg.serve.decode_instances}D")
 
 
 # What the prefill and decode engines' KV blocks must share for this project's strategies, which

@@ -27,12 +27,14 @@ class TransferStats:
     ("send", "receive"), one per worker of the engine (tensor parallelism), merged, and the
     scheduler sides' compute records ("prefill", "decode") written beside them."""
 
-    def __init__(self, *paths: Path, tp: tuple[int, int] = (1, 1), expected: bool = False):
-        """paths: the prefill engine's records, then the decode engine's (serving mode: any number
-        of engines of one worker each); tp: the prefill and decode engines' degrees; expected:
-        every transfer has records (this project's connectors), so a missing one is waited for."""
+    def __init__(self, *paths: Path, tp: tuple[int, int] = (1, 1), prefill_engines: int = 1,
+                 expected: bool = False):
+        """paths: the prefill engines' records, then the decode engines' (serving mode: several
+        of each, the first prefill_engines of them prefill); tp: the prefill and decode engines'
+        degrees; expected: every transfer has records (this project's connectors), so a missing
+        one is waited for."""
         self.expected = expected
-        degrees = tp if len(paths) == 2 else (1,) * len(paths)
+        degrees = (tp[0],) * prefill_engines + (tp[1],) * (len(paths) - prefill_engines)
         self.workers = {"send": tp[0], "receive": tp[1]}
         self.readers = [TransferRecordReader(rank_path(p, r)) for p, n in zip(paths, degrees) for r in range(n)]
         self.readers += [TransferRecordReader(compute_path(p), ComputeRecord) for p in paths]

@@ -137,9 +137,6 @@ def test_vllm_example_with_a_prompt_under_one_block(tmp_path):
     (["engines.decode={tensor_parallel_size:3}"], ["decode engine", "tensor_parallel_size=3 does not divide the "
                                                    "model's 2 KV heads"]),
     (["engines.prefill={pipeline_parallel_size:2}"], ["pipeline_parallel_size=2 on the prefill engine"]),
-    (["engines.prefill={tensor_parallel_size:2}", "runner=serve", "serve.decode_instances=2"],
-     ["tensor parallelism (prefill 2, decode 1)", "runner=serve takes one prefill and one decode instance (1P1D), "
-                                                  "got 1P2D"]),
     (["engines.decode={block_size:64}"], ["block_size differs between the prefill engine (32) and the decode engine "
                                           "(64)", "engine.block_size"]),
     (["engines.prefill={dtype:bfloat16}"], ["dtype differs"]),

@@ -426,20 +426,36 @@ def test_layerwise_pushes_each_request_to_the_decode_instance_the_router_chose(r
 
 @pytest.mark.engine
 @FULL
-def test_a_tensor_parallel_prefill_instance_serves_a_decode_instance_of_another_degree(results_dir):
-    """runner=serve with tensor parallelism (1P1D): a prefill instance of TP 2 (a worker per KV
-    head) and a decode instance of TP 1 that joins both workers' heads; every output and every
-    head's digests checked, as offline."""
-    run = run_harness(results_dir / "serve-tp", "runner=serve", "strategy=fused",
+@pytest.mark.parametrize("shape", ["1P1D", "2P2D"])
+def test_tensor_parallel_prefill_instances_serve_decode_instances_of_another_degree(results_dir, shape):
+    """runner=serve with tensor parallelism: prefill instances of TP 2 (a worker per KV head) and
+    decode instances of TP 1 that join both workers' heads; every output and every head's digests
+    checked, as offline. 2P2D: each prefill worker holds a sharded channel to each decode instance
+    and sends a request to the one the router chose. The prefill instance is picked by prefix hash
+    (the instances' ports in the hash: pairs vary from run to run, mixed most times), the decode
+    instance by round robin; tests/test_tp.py sends over every pair without engines."""
+    p, n = int(shape[0]), int(shape[2])
+    more = ["serve.prefill_instances=2", "serve.decode_instances=2", "serve.prefill_policy=prefix_hash"] \
+        if shape == "2P2D" else []
+    shm_before = set(os.listdir("/dev/shm"))
+    run = run_harness(results_dir / f"serve-tp-{shape}", "runner=serve", "strategy=fused",
                       "engines.prefill={tensor_parallel_size:2}", "serve.request_rate=4", "serve.num_requests=8",
-                      "serve.baseline_repeat=false")
+                      "serve.baseline_repeat=false", *more)
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
     assert s["status"] == "ok" and s["ok"] == 8 and s["match_rate"] == 1.0
     assert s["digest_checked"] == 8 and s["digest_failures"] == 0
-    assert s["kv_cache_usage_at_end"] == {"prefill": 0.0, "decode": 0.0}
-    per_rank = [read_jsonl(run.run_dir / name) for name in ("prefill-transfers.jsonl", "prefill-transfers.rank1.jsonl")]
-    assert [len(r) for r in per_rank] == [len(read_jsonl(run.run_dir / "decode-transfers.jsonl"))] * 2
+    prefill = [f"prefill{i}" for i in range(p)] if p > 1 else ["prefill"]
+    decode = [f"decode{i}" for i in range(n)] if n > 1 else ["decode"]
+    assert s["kv_cache_usage_at_end"] == dict.fromkeys(prefill + decode, 0.0)
+    sent = [len(read_jsonl(run.run_dir / f"{name}-transfers{rank}.jsonl"))
+            for name in prefill for rank in ("", ".rank1")]
+    received = [len(read_jsonl(run.run_dir / f"{name}-transfers.jsonl")) for name in decode]
+    assert sent[0::2] == sent[1::2] and sum(sent[0::2]) == sum(received)  # each prefill worker sends each request
+    assert all(received)  # round robin over the decode instances
+    servers = json.loads((run.run_dir / "servers.json").read_text())
+    assert not any(group_alive(v["pid"]) for v in servers.values())
+    assert set(os.listdir("/dev/shm")) - shm_before == set()
 
 
 @pytest.mark.engine

@@ -12,11 +12,12 @@ from tests.conftest import SLOW
 from transfer_strategies.codecs import Codec
 from transfer_strategies.connector_config import TransportSettings
 from transfer_strategies.digests import BlockDigests
-from transfer_strategies.head_shards import HeadJoinReceiver, ShardedSender
+from transfer_strategies.head_shards import HeadJoinReceiver, ShardedSender, open_sharded, use_codec
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.records import TransferRecord, digests_agree, merge_ranks
 from transfer_strategies.tp import Placement, degree_problem, heads_of, shares
 from transfer_strategies.transport import open_channel, remove_leftovers
+from transfer_strategies.transport.fan_out import FanOut
 
 NB, T, C = 12, 5, 6  # blocks, tokens per block, elements of one head per token (no two alike)
 
@@ -213,6 +214,90 @@ def test_kv_is_cut_by_heads_and_joined_between_degrees(p, d, kind, tmp_path):
                 proc.kill()
         remove_leftovers(list(paths.values()))
     assert got == [(q, True, (1, 2)) for q in range(d)]
+    assert all(proc.exitcode == 0 for proc in procs)
+
+
+def _instance_sender(bases, out, i, p, d, rank, n_decode):
+    """Worker `rank` of prefill instance i: one request's KV (and a lossy payload) to each decode
+    instance, each through the channel its peer names (FanOut.to), as the worker routes them."""
+    place = Placement(rank, p, d, 4, is_producer=True)
+    kv = caches("cpu", place.heads, seed=i)
+    ch = open_sharded(place, kv, [bases[i, j] for j in range(n_decode)],
+                      {"device": torch.device("cpu"), "transport": TransportSettings("staged", staging_mb=8),
+                       "host": "127.0.0.1", "timeout_s": 60}, on_open=None)
+    assert isinstance(ch, FanOut) == (n_decode > 1)
+    for j in range(n_decode):
+        to = ch.to(j) if n_decode > 1 else ch
+        payload = _payload(place.heads, seed=10 * i + j)
+        buf = kv.typed(ch.alloc(payload.numel() * 4)).view(payload.shape).copy_(payload)
+        to.send(f"r{i}{j}", 0, 1, buf, nbytes=buf.numel() * 4)
+    codec = _codec(kv)
+    use_codec(ch, codec)  # a lossy strategy's payloads from now on (worker.use_codec)
+    for j in range(n_decode):
+        to = ch.to(j) if n_decode > 1 else ch
+        lossy = codec.encode_plan(CODEC_IDS, ch.alloc(codec.nbytes(kv.n_layers, len(CODEC_IDS))))()
+        to.send(f"c{i}{j}", 0, 1, lossy, nbytes=lossy.numel())
+    ch.flush()
+    os._exit(0)
+
+
+def _instance_receiver(bases, out, j, p, d, rank, n_prefill):
+    """Worker `rank` of decode instance j: every prefill instance's request for it, its heads joined."""
+    place = Placement(rank, p, d, 4, is_producer=False)
+    kv = caches("cpu", place.heads)
+    ch = open_sharded(place, kv, [bases[i, j] for i in range(n_prefill)],
+                      {"device": torch.device("cpu"), "transport": TransportSettings("staged", staging_mb=8),
+                       "host": "127.0.0.1", "timeout_s": 60}, on_open=None)
+    ok = True
+    for i in range(n_prefill):
+        (msg,) = ch.wait(f"r{i}{j}")
+        got = kv.typed(msg.payload).view(2, 3, len(place.heads), T, C)
+        ok = ok and torch.equal(got, _payload(place.heads, seed=10 * i + j))
+        ch.release(f"r{i}{j}")
+    use_codec(ch, _codec(kv))
+    for i in range(n_prefill):
+        (lossy,) = ch.wait(f"c{i}{j}")
+        theirs = caches("cpu", place.heads, seed=i)  # what instance i holds of these heads, compressed here
+        codec = _codec(theirs)
+        own = codec.encode_plan(CODEC_IDS, torch.empty(codec.nbytes(kv.n_layers, len(CODEC_IDS)), dtype=torch.uint8))()
+        ok = ok and torch.equal(lossy.payload, own)
+        ch.release(f"c{i}{j}")
+    out.put((j, rank, ok))
+    out.close()
+    out.join_thread()
+    os._exit(0)
+
+
+@pytest.mark.parametrize(("n_prefill", "p", "n_decode", "d"), [
+    (2, 2, 2, 1),  # prefill: a FanOut of whole senders; decode: 2 instances x 2 workers' parts joined
+    pytest.param(1, 1, 2, 2, marks=SLOW),  # prefill: a FanOut of senders that cut for 2 decode workers
+    pytest.param(2, 1, 1, 2, marks=SLOW),  # decode: 2 instances' single parts
+])
+def test_tensor_parallel_instances_send_each_request_to_the_decode_instance_it_names(n_prefill, p, n_decode, d,
+                                                                                    tmp_path):
+    """Serving mode with several instances a side and tensor parallelism: each prefill worker
+    holds a sharded channel to every decode instance (open_sharded over one rendezvous base per
+    instance pair) and sends a request to the one it names; each decode worker joins its heads of
+    every prefill instance's requests, blocks and lossy payloads alike."""
+    ctx = mp.get_context("spawn")
+    bases = {(i, j): str(tmp_path / f"i{i}j{j}") for i in range(n_prefill) for j in range(n_decode)}
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_instance_receiver, args=(bases, out, j, p, d, q, n_prefill))
+             for j in range(n_decode) for q in range(d)]
+    procs += [ctx.Process(target=_instance_sender, args=(bases, out, i, p, d, r, n_decode))
+              for i in range(n_prefill) for r in range(p)]
+    for proc in procs:
+        proc.start()
+    try:
+        got = sorted(out.get(timeout=90) for _ in range(n_decode * d))
+    finally:
+        for proc in procs:
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+        remove_leftovers([Placement(0, p, d, 4, True).rendezvous(b, s) for b in bases.values()
+                          for s in shares(p, d, 4)])
+    assert got == [(j, q, True) for j in range(n_decode) for q in range(d)]
     assert all(proc.exitcode == 0 for proc in procs)
 
 

@@ -25,24 +25,49 @@ from transfer_strategies.faults import check_message, payload_checksum
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.tp import Placement
 from transfer_strategies.transport import Message, as_bytes, open_channel
+from transfer_strategies.transport.fan_out import FanOut
 
 
-def open_sharded(place: Placement, kv: KVBlocks, rendezvous: str, opening: dict, on_open):
+def open_sharded(place: Placement, kv: KVBlocks, rendezvous: str | list[str], opening: dict, on_open):
     """This worker's channels to the other engine's workers it shares heads with (tp.py), as one
-    channel; on_open(channel) runs as each opens, in the order of place.my_shares()."""
+    channel; on_open(channel) runs as each opens, in the order of place.my_shares() (again for
+    each instance). rendezvous: one base, or (serving mode, several instances on the other side)
+    one per instance: a prefill worker then sends through a FanOut of a ShardedSender per decode
+    instance, a decode worker takes every prefill instance's parts into one inbox (a request's
+    parts all come from the one instance that prefilled it). Each worker opens its channels by
+    instance, then by share, so every channel opens in one order everywhere (_senders)."""
     if place.prefill_tp != place.decode_tp and not kv.head_dim_certain:
         raise RuntimeError(f"cannot tell the KV head axis in this engine's KV shape {kv.layer_shape(-1)} "
                            f"({kv.n_heads} heads): prefill TP {place.prefill_tp} and decode TP {place.decode_tp} "
                            f"need it; use equal TP degrees or another block size")
+    bases = [rendezvous] if isinstance(rendezvous, str) else list(rendezvous)
     shares = place.my_shares()
     if place.is_producer:
         first = place.heads.start
-        return ShardedSender(kv, [
-            (open_channel("sender", rendezvous=place.rendezvous(rendezvous, s), **opening, on_open=on_open),
-             range(s.heads.start - first, s.heads.stop - first), *place.slot(s)) for s in shares])
-    paths = [place.rendezvous(rendezvous, s) for s in shares]
+        opened = []  # (channel, its heads, slot, slots) per instance's share
+        try:
+            for base in bases:
+                for s in shares:
+                    channel = open_channel("sender", rendezvous=place.rendezvous(base, s), **opening, on_open=on_open)
+                    opened.append((channel, range(s.heads.start - first, s.heads.stop - first), *place.slot(s)))
+        except BaseException:
+            for channel, *_ in opened:
+                channel.close()
+            raise
+        per = len(shares)
+        senders = [ShardedSender(kv, opened[i * per:(i + 1) * per]) for i in range(len(bases))]
+        return senders[0] if len(senders) == 1 else FanOut(senders)
+    paths = [place.rendezvous(base, s) for base in bases for s in shares]
     channel = open_channel("receiver", rendezvous=paths if len(paths) > 1 else paths[0], **opening, on_open=on_open)
-    return channel if len(paths) == 1 else HeadJoinReceiver(kv, channel, len(paths))
+    return channel if len(shares) == 1 else HeadJoinReceiver(kv, channel, len(shares))
+
+
+def use_codec(channel, codec) -> None:
+    """A lossy strategy's codec, to every ShardedSender or HeadJoinReceiver `channel` is or holds
+    (a FanOut of them: one per decode instance), which cut and join its payloads by head."""
+    for one in channel.senders if isinstance(channel, FanOut) else [channel]:
+        if isinstance(one, (ShardedSender, HeadJoinReceiver)):
+            one.codec = codec
 
 
 class ShardedSender:

@@ -14,6 +14,7 @@ are reported to vLLM as not loaded (`load_errors`), so vLLM's kv_load_failure_po
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -26,7 +27,7 @@ from transfer_strategies.connector_config import HarnessSettings, TransportSetti
 from transfer_strategies.connector_stats import Tally
 from transfer_strategies.digests import BlockDigests
 from transfer_strategies.faults import WITHHELD, TransferFault, check_message, damage, header
-from transfer_strategies.head_shards import HeadJoinReceiver, ShardedSender, open_sharded
+from transfer_strategies.head_shards import open_sharded, use_codec
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.kv_transfer_params import PEER
 from transfer_strategies.negative_control import corrupt_received
@@ -79,7 +80,7 @@ class TransferWorker:
             self.channel = open_channel(role, rendezvous=h.rendezvous, **opening,
                                         on_open=lambda channel: self._exchange_layout(channel, layout))
             return
-        shares = iter(place.my_shares())  # each channel's handshake in the order they open
+        shares = itertools.cycle(place.my_shares())  # each channel's handshake in the order they open (per instance)
         self.channel = open_sharded(place, self.kv, h.rendezvous, opening,
                                     on_open=lambda channel: self._exchange_layout(channel, layout, next(shares)))
 
@@ -87,8 +88,7 @@ class TransferWorker:
         """A lossy strategy's codec, bound to this engine's layout; between engines of different
         tensor-parallel degrees the channel cuts and joins its payloads by head with it."""
         self.codec = codec
-        if isinstance(self.channel, (ShardedSender, HeadJoinReceiver)):
-            self.channel.codec = codec
+        use_codec(self.channel, codec)
 
     def attach(self, kv_caches: dict[str, torch.Tensor], num_blocks: int, place: Placement | None = None) -> None:
         """This engine's KV cache and records, before any channel opens."""

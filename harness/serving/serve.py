@@ -313,8 +313,9 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     tag = uuid.uuid4().hex[:6]
     base_out, req_out = JsonlWriter(run_dir / "baseline.jsonl"), JsonlWriter(run_dir / "requests.jsonl")
     probe_out = JsonlWriter(run_dir / "probes.jsonl") if probes else None
-    # each engine's workers write a record file each (tensor parallelism: 1P1D only, checks.py)
-    stats = None if deployment.external else TransferStats(*deployment.stats_paths, tp=tp_degrees(cfg))
+    # each engine's workers write a record file each
+    stats = None if deployment.external else TransferStats(*deployment.stats_paths, tp=tp_degrees(cfg),
+                                                           prefill_engines=len(deployment.prefill_names))
     rate = (f"{spec.request_rate} req/s" if spec.ramp_up is None else
             f"{spec.ramp_up_start_rps} to {spec.ramp_up_end_rps} req/s ({spec.ramp_up} ramp-up)")
     if workload.prompts[0].arrival_s is not None:
