@@ -14,6 +14,8 @@
 #                                    # directory under $RUNS/$NAME), then lossy_report.py over all of $RUNS/$NAME
 #   bash scripts/gpu_run.sh lossy-stored  # the same with fused and both engines storing FP8 (kv_cache_dtype), into the same report
 #   bash scripts/gpu_run.sh probe    # scripts/gpu_copy_probe.py, on one GPU and (if there are two) across
+#   bash scripts/gpu_run.sh codecs   # scripts/bench_codecs.py --check: the codec kernels against torch, then each codec's
+#                                    # send and receive beside fused's gather and scatter at TOKENS (default 2048 8192 16384)
 #   bash scripts/gpu_run.sh serve    # experiment=gpu_serve: runner=serve sweep on two GPUs (harness overrides follow,
 #                                    # e.g. strategy=fused,layerwise serve.request_rate=1,2,4)
 #   bash scripts/gpu_run.sh serve1   # experiment=gpu_serve_1gpu: the same on one GPU, 1P1D against two colocated replicas,
@@ -68,6 +70,9 @@ case "${1:-check}" in
       "workload.prompt_len=${LENGTHS:-2048,8192,16384}" "${@:2}" 2>&1 | grep -v "^\[" | tail -40
     python3 scripts/lossy_report.py "$RUNS/$name" --out "$OUT/$name-report.md" --figure "$OUT/$name-figure.png"
     tar czf "$OUT/$name-runs.tgz" -C "$RUNS" "$name" ;;
+  codecs)
+    python3 scripts/bench_codecs.py --device cuda --preset llama3_8b --tokens ${TOKENS:-2048 8192 16384} --check "${@:2}" \
+      2>&1 | grep -v "^\[" | tee "$OUT/${NAME:-bench_codecs}.md" ;;
   probe)
     python3 scripts/gpu_copy_probe.py 2>&1 | tee "$OUT/copy-probe-1gpu.txt"
     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then python3 scripts/gpu_copy_probe.py --peer 2>&1 | tee "$OUT/copy-probe-2gpu.txt"; fi ;;
