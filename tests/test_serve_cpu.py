@@ -561,3 +561,15 @@ def test_deploy_refuses_bad_input_with_one_line_and_exit_2_before_anything_start
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
     assert not (tmp_path / "d" / "servers.json").exists()
+
+
+def test_each_instance_starts_on_its_sides_gpu_plus_its_place_times_its_tp_degree():
+    """device.<role>_gpu is the side's first GPU; instance i's workers start i x TP degree past it."""
+    from harness.serving.deployment import first_gpu
+
+    cfg = compose_config("runner=serve", "serve.prefill_instances=2", "engines.prefill={tensor_parallel_size:2}",
+                         "device.decode_gpu=4")
+    assert [first_gpu(cfg, "prefill", i) for i in range(2)] == [0, 2]
+    assert [first_gpu(cfg, "decode", i) for i in range(2)] == [4, 5]
+    assert [first_gpu(cfg, "baseline", i) for i in range(3)] == [0, 1, 2]
+

@@ -13,7 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from harness import process_group
-from harness.checks import decode_submit
+from harness.checks import decode_submit, tp_degree
 from harness.engine_config import engine_args, engine_env, free_port, pulls, transfer_config
 from harness.records import write_json
 from harness.serving.instances import InstanceDied, ServerProcess, router_process, vllm_instance
@@ -32,6 +32,14 @@ def instance_counts(cfg: DictConfig) -> dict[str, int]:
     s = cfg.serve
     p, d = s.prefill_instances, s.decode_instances
     return {"baseline": p + d if s.baseline_instances == "matched" else s.baseline_instances, "prefill": p, "decode": d}
+
+
+def first_gpu(cfg: DictConfig, role: str, i: int) -> int:
+    """The first GPU of instance i of a side (its workers take the next ones, as many as its TP
+    degree): the side's device.<role>_gpu + i x that degree, so two baselines from GPU 0 are on
+    GPUs 0 and 1, two TP 2 prefill instances from GPU 0 on GPUs 0-1 and 2-3 (counted modulo the
+    GPUs there are: on one GPU every instance shares it)."""
+    return cfg.device[f"{role}_gpu"] + i * tp_degree(cfg, role)
 
 
 def instance_names(side: str, count: int) -> list[str]:
@@ -76,13 +84,10 @@ class ServingDeployment:
                                  run_dir / f"{p}-transfers.jsonl") for p in self.prefill_names}
         kv.update({d: transfer_config(cfg, "decode", ends([self.channels[p, d] for p in self.prefill_names]),
                                       run_dir / f"{d}-transfers.jsonl") for d in self.decode_names})
-        first_gpu = {"baseline": cfg.device.baseline_gpu, "prefill": cfg.device.prefill_gpu,
-                     "decode": cfg.device.decode_gpu}
         for names in (self.baseline_names, self.prefill_names, self.decode_names):
             for i, name in enumerate(names):
-                # instance i of a side on that side's GPU + i (two baselines from GPU 0: GPUs 0 and 1)
                 role = name.rstrip("0123456789")
-                gpu = first_gpu[role] + i
+                gpu = first_gpu(cfg, role, i)
                 env = engine_env(cfg, device, gpu if device != "cuda" else gpu % gpu_count())
                 if name in kv and pulls(cfg.strategy):  # vLLM's NIXL handshake: a side channel per engine
                     env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
