@@ -1,5 +1,6 @@
 """The staged channel on CUDA (CUDA IPC staging buffer), between two processes as the engines'
-workers are: on one GPU, and from one GPU into another's buffer when there are two."""
+workers are: on one GPU, and from one GPU into another's buffer when there are two; and NIXL's
+(transport=nixl: the staging buffer registered as VRAM, read by NIXL) where NIXL is installed."""
 
 import pytest
 import torch
@@ -16,10 +17,13 @@ def _need(devices):
         pytest.skip(f"needs GPUs {devices}")
 
 
+@pytest.mark.parametrize("kind", ["staged", "nixl"])
 @pytest.mark.parametrize("devices", PAIRS, ids=["one-gpu", "two-gpus"])
-def test_messages_arrive_whole_and_in_place(devices, tmp_path):
+def test_messages_arrive_whole_and_in_place(devices, kind, tmp_path):
     _need(devices)
-    check_messages_arrive(tmp_path, "staged", devices)
+    if kind == "nixl":
+        pytest.importorskip("nixl._api", reason="NIXL is not installed (on the GPU machine: .gpu's NIXL wheels)")
+    check_messages_arrive(tmp_path, kind, devices)
 
 
 @pytest.mark.parametrize("devices", PAIRS, ids=["one-gpu", "two-gpus"])
