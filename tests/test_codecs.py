@@ -4,12 +4,16 @@ its format says, a changed or missing scale is caught by the digests and checksu
 compare, and a lossy run is judged by its transport and its accuracy gate, not its outputs."""
 
 import dataclasses
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from harness.accuracy import accuracy_cost, codec_fields
 from harness.verdict import judge
+from tests.conftest import ROOT, SLOW
 from tests.helpers.kv import layer_shape, make_kv
 from transfer_strategies.codecs import Codec, CodecParams, reconstruction_error
 from transfer_strategies.connector_config import ContractError
@@ -290,3 +294,17 @@ def test_the_cuda_kernels_compile_for_hopper(kernel, fmt, per_token):
     assert accesses[cache_access] == 0 and accesses["ld.global.v4.b32" if kernel != "_decode" else "st.global.v4.b32"]
     # and the payload's values several bytes an instruction (int4's went a byte at a time: its send 3.4x int8's)
     assert not accesses["st.global.b8" if kernel == "_encode" else "ld.global.b8"]
+
+
+@SLOW  # ~12 s: every program run in Python
+def test_the_int_kernels_give_torchs_payloads_in_tritons_interpreter():
+    """codec_kernel.py's int8 and int4 kernels, run by Triton's interpreter on CPU tensors, give
+    the torch codec's payload byte for byte and write its float32 blocks (every layout, bf16 and
+    float32 KV; what the interpreter cannot show: tests/helpers/interpreted_codecs.py). The GPU
+    check is `scripts/bench_codecs.py --check`; this one runs wherever the tests do."""
+    pytest.importorskip("triton")
+    run = subprocess.run([sys.executable, "-m", "tests.helpers.interpreted_codecs"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "int4 NHD torch.bfloat16" in run.stdout and "int8 HND torch.float32" in run.stdout
+
