@@ -296,11 +296,12 @@ def test_the_cuda_kernels_compile_for_hopper(kernel, fmt, per_token):
     assert not accesses["st.global.b8" if kernel == "_encode" else "ld.global.b8"]
 
 
-@SLOW  # ~12 s: every program run in Python
+@SLOW  # ~25 s: every program run in Python
 def test_the_int_kernels_give_torchs_payloads_in_tritons_interpreter():
     """codec_kernel.py's int8 and int4 kernels, run by Triton's interpreter on CPU tensors, give
-    the torch codec's payload byte for byte and write its float32 blocks (every layout, bf16 and
-    float32 KV; what the interpreter cannot show: tests/helpers/interpreted_codecs.py). The GPU
+    the torch codec's payload byte for byte, write its float32 blocks, and the sender's check
+    kernel its torch path's checksum, digests and errors (every layout, bf16 and float32 KV; what
+    the interpreter cannot show: tests/helpers/interpreted_codecs.py). The GPU
     check is `scripts/bench_codecs.py --check`; this one runs wherever the tests do."""
     pytest.importorskip("triton")
     run = subprocess.run([sys.executable, "-m", "tests.helpers.interpreted_codecs"], cwd=ROOT, capture_output=True,

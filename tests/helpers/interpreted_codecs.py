@@ -1,7 +1,9 @@
 """The codec kernels (transfer_strategies/codec_kernel.py) run in Triton's interpreter on CPU
 tensors against the torch codec they must equal: for int8 and int4, on vLLM's CPU layout and
 FlashAttention's NHD and HND, bf16 and float32 KV, the payload (values and scales) byte for byte;
-for float32 KV the blocks the receive kernel writes too. Run as
+for float32 KV the blocks the receive kernel writes too, and the sender's check kernel against
+its torch path (the payload's checksum, the reconstruction's digests, its errors:
+scripts/bench_codecs.py's check_the_check, as on the GPU). Run as
 `TRITON_INTERPRET=1 python -m tests.helpers.interpreted_codecs` (tests/test_codecs.py does);
 prints what differs and exits 1, or 0 when nothing does.
 
@@ -12,8 +14,10 @@ speed, and anything the GPU's compiler does (the FP8 check's alignment: README).
 in for it (exact for the values the codecs round, |q| <= 128)."""
 
 import os
+import runpy
 import sys
 import types
+from pathlib import Path
 
 import torch
 import triton
@@ -24,6 +28,8 @@ from transfer_strategies.codec_kernel import CodecKernel
 from transfer_strategies.codecs import Codec, CodecParams
 from transfer_strategies.kv_blocks import KVBlocks
 
+check_the_check = runpy.run_path(str(Path(__file__).resolve().parents[2] / "scripts" / "bench_codecs.py"))[
+    "check_the_check"]
 CODECS = {"int8": CodecParams(), "int8/token": CodecParams("token"), "int4": CodecParams("token", 32)}
 LAYOUTS = {"cpu": (20, 4, 16, 256), "NHD": (2, 20, 16, 4, 128), "HND": (2, 20, 4, 16, 128)}
 
@@ -64,6 +70,7 @@ def problems(checked: list[str]) -> list[str]:
                     kv.gather(dst[1:], got, range(3))
                     if not torch.equal(got, rebuilt):
                         out.append(f"{where}: the blocks written differ from torch's reconstruction")
+                    out += [f"{where}: {p}" for p in check_the_check(codec, kv, ids, theirs)]
     return out
 
 
