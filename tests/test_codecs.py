@@ -308,4 +308,3 @@ def test_the_int_kernels_give_torchs_payloads_in_tritons_interpreter():
                          text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "int4 NHD torch.bfloat16" in run.stdout and "int8 HND torch.float32" in run.stdout
-

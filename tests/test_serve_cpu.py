@@ -572,4 +572,3 @@ def test_each_instance_starts_on_its_sides_gpu_plus_its_place_times_its_tp_degre
     assert [first_gpu(cfg, "prefill", i) for i in range(2)] == [0, 2]
     assert [first_gpu(cfg, "decode", i) for i in range(2)] == [4, 5]
     assert [first_gpu(cfg, "baseline", i) for i in range(3)] == [0, 1, 2]
-
