@@ -217,14 +217,17 @@ def test_kv_is_cut_by_heads_and_joined_between_degrees(p, d, kind, tmp_path):
     assert all(proc.exitcode == 0 for proc in procs)
 
 
-def _instance_sender(bases, out, i, p, d, rank, n_decode):
+_OPENING = {"host": "127.0.0.1", "timeout_s": 60, "device": torch.device("cpu"),
+            "transport": TransportSettings("staged", staging_mb=8)}  # open_sharded's channels, as a worker opens them
+
+
+def _instance_sender(bases, i, p, d, rank, n_decode):
     """Worker `rank` of prefill instance i: one request's KV (and a lossy payload) to each decode
     instance, each through the channel its peer names (FanOut.to), as the worker routes them."""
     place = Placement(rank, p, d, 4, is_producer=True)
     kv = caches("cpu", place.heads, seed=i)
     ch = open_sharded(place, kv, [bases[i, j] for j in range(n_decode)],
-                      {"device": torch.device("cpu"), "transport": TransportSettings("staged", staging_mb=8),
-                       "host": "127.0.0.1", "timeout_s": 60}, on_open=None)
+                      _OPENING, on_open=None)
     assert isinstance(ch, FanOut) == (n_decode > 1)
     for j in range(n_decode):
         to = ch.to(j) if n_decode > 1 else ch
@@ -246,8 +249,7 @@ def _instance_receiver(bases, out, j, p, d, rank, n_prefill):
     place = Placement(rank, p, d, 4, is_producer=False)
     kv = caches("cpu", place.heads)
     ch = open_sharded(place, kv, [bases[i, j] for i in range(n_prefill)],
-                      {"device": torch.device("cpu"), "transport": TransportSettings("staged", staging_mb=8),
-                       "host": "127.0.0.1", "timeout_s": 60}, on_open=None)
+                      _OPENING, on_open=None)
     ok = True
     for i in range(n_prefill):
         (msg,) = ch.wait(f"r{i}{j}")
@@ -284,7 +286,7 @@ def test_tensor_parallel_instances_send_each_request_to_the_decode_instance_it_n
     out = ctx.Queue()
     procs = [ctx.Process(target=_instance_receiver, args=(bases, out, j, p, d, q, n_prefill))
              for j in range(n_decode) for q in range(d)]
-    procs += [ctx.Process(target=_instance_sender, args=(bases, out, i, p, d, r, n_decode))
+    procs += [ctx.Process(target=_instance_sender, args=(bases, i, p, d, r, n_decode))
               for i in range(n_prefill) for r in range(p)]
     for proc in procs:
         proc.start()

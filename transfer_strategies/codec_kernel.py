@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from transfer_strategies import codecs
 from transfer_strategies.digest_kernel import alignment, block_start, odd_weight
 
 FORMAT_IDS = {"fp8": 0, "int8": 1, "int4": 2}
@@ -231,7 +232,6 @@ class CodecKernel:
     size and channels per scale that are powers of two)."""
 
     warps = 4  # a program's warps (scripts/bench_codecs.py --warps tries others)
-    devices = ("cuda",)  # Triton's interpreter runs them on CPU tensors too (tests/helpers/interpreted_codecs.py)
 
     def __init__(self, codec):
         kv = codec.kv
@@ -239,7 +239,8 @@ class CodecKernel:
         head = kv.head_dim_in_piece()  # axes of a piece [blocks, ...]
         token = None if codec.token_axis is None else codec.token_axis - kv.block_dim
         block = list(pieces[0].shape[1:])
-        if kv.device.type not in self.devices or not kv.contiguous or len(block) != 3 or {head, token} != {1, 2}:
+        if kv.device.type not in codecs.KERNEL_DEVICES or not kv.contiguous or len(block) != 3 \
+                or {head, token} != {1, 2}:
             raise ValueError(f"no codec kernel for blocks of shape {block} (heads on axis {head}, tokens on {token})")
         s, c = block[2], codec.channels
         if s & (s - 1) or c & (c - 1):

@@ -45,6 +45,7 @@ from transfer_strategies.connector_config import ContractError
 from transfer_strategies.kv_blocks import KVBlocks
 
 FP8_MAX = 448.0  # torch.finfo(torch.float8_e4m3fn).max
+KERNEL_DEVICES = ("cuda",)  # where codec_kernel.py runs (Triton's interpreter runs it on CPU tensors too: tests)
 SCALE_MIN = 2.0**-126  # torch.finfo(torch.float32).tiny: scales below it would have no finite reciprocal
 
 
@@ -100,7 +101,7 @@ class Codec:
         tokens = [d for d in range(kv.block_dim + 1, len(shape) - 1) if d != kv.head_dim and shape[d] == block_size]
         self.token_axis = tokens[0] if tokens else None
         self.kernel = None  # on CUDA, where the layout allows: codec_kernel.py (one pass each way)
-        if kv.device.type == "cuda":
+        if kv.device.type in KERNEL_DEVICES:
             from transfer_strategies.codec_kernel import CodecKernel
             with contextlib.suppress(ValueError):  # this layout has none: the torch path
                 self.kernel = CodecKernel(self)
