@@ -342,6 +342,15 @@ def load_connector(strategy: DictConfig) -> type:
     return cls
 
 
+def check_transport(cfg: DictConfig, device: str) -> None:
+    """gloo's channel moves payloads from CPU memory: on a GPU the KV moves by CUDA IPC (staged)
+    or NIXL, which also crosses a link (link=veth, transport.ifname). Refused here, it was an
+    engine dying at start-up with a traceback."""
+    if cfg.strategy.module and cfg.transport.kind == "gloo" and device != "cpu":
+        raise ConfigError(f"transport=gloo carries KV in CPU memory; on {device} use transport=staged (CUDA IPC, "
+                          f"one host) or transport=nixl (UCX: NVLink, RDMA or TCP on a link)")
+
+
 def check_equal_degrees(cfg: DictConfig, connector: type | None) -> None:
     """chunkwise's earlier messages do not carry the count a decode worker joining several prefill
     workers needs: it needs equal tensor-parallel degrees."""
@@ -361,6 +370,7 @@ def checked_inputs(cfg: DictConfig) -> tuple[str, Workload]:
         check_settings(cfg)
         check_placement(cfg)  # this machine's addresses and namespaces
         device = resolve_device(cfg)
+        check_transport(cfg, device)
         connector = load_connector(cfg.strategy)
         check_strategy_params(cfg.strategy, connector)
         check_equal_degrees(cfg, connector)

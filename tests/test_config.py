@@ -268,6 +268,28 @@ def test_values_the_harness_refuses(overrides, message):
         check_settings(compose_job(overrides))
 
 
+def test_a_gpu_run_over_gloo_is_refused_before_any_engine_starts():
+    from harness.checks import check_transport
+
+    with pytest.raises(ConfigError, match=re.escape("on cuda use transport=staged (CUDA IPC, one host) or "
+                                                    "transport=nixl")):
+        check_transport(compose_job(["transport=gloo", "link=veth"]), "cuda")
+    check_transport(compose_job(["transport=gloo"]), "cpu")
+    check_transport(compose_job(["transport=nixl", "link=veth"]), "cuda")
+    check_transport(compose_job(["strategy=vllm_nixl", "transport=gloo"]), "cuda")  # vLLM's own: not our channel
+
+
+def test_ucx_is_told_tcp_on_the_links_interface_with_cuda_copy_on_a_gpu(monkeypatch):
+    from harness.engine_config import engine_env
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # what a GPU engine's env is built from
+    cfg = compose_job(["transport=nixl", "transport.ifname=kv0"])
+    assert engine_env(cfg, "cpu", 0, "decode")["UCX_TLS"] == "tcp"
+    cuda = engine_env(cfg, "cuda", 0, "prefill")
+    assert (cuda["UCX_TLS"], cuda["UCX_NET_DEVICES"], cuda["GLOO_SOCKET_IFNAME"]) == ("tcp,cuda_copy", "kv0", "kv0")
+    assert "UCX_TLS" not in engine_env(compose_job(["transport=nixl"]), "cuda", 0, "prefill")  # no link: UCX picks
+
+
 def test_a_vllm_connector_may_take_any_param_name():
     check_settings(compose_job(["strategy=vllm_nixl", "+strategy.params.timeout_s=5"]))
 
