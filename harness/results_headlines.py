@@ -20,9 +20,16 @@ class Headline:
 HEADLINES = [
     Headline("GPU, fused: TTFT overhead at 8k tokens, one H200, the current code", "+13.6 ms [9.0, 17.6]; "
              "transfer 0.511 ms", "gpu/2026-12-04-s23/ttft", "README.md", "fused at 8k +13.6 ms\n[9.0, 17.6]"),
-    Headline("GPU, lossy strategies at 8k tokens (8B shape): TTFT overhead with the harness's checks on, aligned "
-             "kernels", "fused_int8 +14.0 ms [11.0, 18.0], fused_int4 +17.2 [15.6, 19.0] (fused +9.2)",
-             "gpu/2026-12-05-s25/ttft", "README.md", "| fused_int8 | 0.417 | 4.80 | +14.0 ms [11.0, 18.0] |"),
+    Headline("GPU, lossy strategies at 8k tokens (8B shape): TTFT overhead with the harness's checks on, int4's "
+             "byte-addressed kernel", "fused_int8 +10.3 ms [5.5, 13.7], fused_int4 +11.0 [8.7, 15.4] (fused +6.1); "
+             "transfer 0.412 and 0.477 ms (fused 0.513)", "gpu/2026-12-05-s29/ttft", "README.md",
+             "| fused_int4 | 0.477 | 4.91 | +11.0 ms [8.7, 15.4] |"),
+    Headline("GPU, serving 1P1D on one H200: layerwise's handover overhead (llama3_8b_kv, 2k tokens)",
+             "+19.4 ms at 2 req/s, +22.7 at 8 req/s", "gpu/2026-12-05-s29/serve1", "README.md",
+             "| layerwise, 2 req/s | 46.6 [43.1, 51.2] | 27.0 [24.8, 29.6] |"),
+    Headline("GPU, transport=nixl against staged on one H200 (fused at 8k)", "KV e2e 3.05 against 2.14 ms; TTFT "
+             "overhead +14.3 [4.7, 17.2] against +9.9 [0.4, 15.3]", "gpu/2026-12-05-s29/transport", "README.md",
+             "+14.3 ms\n[4.7, 17.2] against +9.9 [0.4, 15.3]"),
     Headline("GPU, fused_fp8 at 8k tokens (8B shape): TTFT overhead with the harness's checks on, the FP8 check "
              "kernel fixed", "+14.0 ms [12.4, 17.9] (fused +13.8 in that run)", "gpu/2026-12-05-s27/ttft", "README.md",
              "| fused_fp8 (s27) | 0.393 | 6.68 | +14.0 ms [12.4, 17.9] |"),
