@@ -10,7 +10,8 @@ of each cell, and the figure of TTFT overhead against link speed.
     python scripts/link_report.py OUT [--out OUT/link_report.md] [--figure OUT/ttft_vs_link.png]
 
 Benchmark runs (scripts/bench_strategies.py ... -- link=veth link.rate_gbit=10 transport=gloo, each
-link's benchmark in OUT/<its name>/) cover several prompt lengths in one run: a row per length.
+link's benchmark in OUT/<its name>/; on a GPU transport=nixl) cover several prompt lengths in one
+run: a row per length.
 """
 
 from __future__ import annotations
