@@ -41,8 +41,8 @@ def run_pair(tmp_path, sender, receiver, *args, results=1, timeout=90):
                 p.kill()
         remove_leftovers(rendezvous)  # in case a side died before both mapped the buffer
         # The pair ends with os._exit, as killed engines do, so on CUDA torch's IPC reference
-        # counters (torch_<pid>_*) and the driver's IPC files (cuda.shm.*) stay in /dev/shm: the
-        # harness removes them after stopping engines, and so does this.
+        # counters (torch_<pid>_*) and the driver's IPC files (cuda.shm.*) stayed in /dev/shm;
+        # removed as the harness removes what the engines it stopped left (no live process maps them).
         process_group.remove_unmapped({SHM + n for n in set(os.listdir(SHM)) - shm_before})
     assert tx.exitcode == 0 and rx.exitcode == 0
     return got
