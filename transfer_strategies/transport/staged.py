@@ -59,7 +59,11 @@ class StagedSender:
         self._asked: set[int] = set()  # regions the receiver was asked to reclaim
         self._cond = threading.Condition()
         self._error: BaseException | None = None
-        self.last_written = None  # on a GPU: a CUDA event after the last payload written
+        # On a GPU: a CUDA event after the last payload was written into the receiver's memory,
+        # which the GPU's clock times (transfer_ms). Over NIXL the GPU writes a mirror of it and
+        # NIXL's write follows, which no event sees: None, and transfer_ms is the host's clock
+        # from the gather's start to the payload delivered, as the receiver records it.
+        self.last_written = None
         threading.Thread(target=self._guard(self._ack_loop), name="kv-ack", daemon=True).start()
         # background sends ring from a thread where there is something to wait for: the GPU
         # writing the payload, or its delivery into the receiver's memory (NIXL)
@@ -119,7 +123,8 @@ class StagedSender:
         if self.device.type == "cuda":
             written = torch.cuda.Event(enable_timing=True)
             written.record()  # on the stream that wrote the payload
-            self.last_written = written
+            if not self.buffer.delivers:
+                self.last_written = written
         if background and self._outbox is not None:
             self._outbox.put((written, bell))
             return data.numel()
