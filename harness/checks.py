@@ -346,9 +346,11 @@ def check_transport(cfg: DictConfig, device: str) -> None:
     """gloo's channel moves payloads from CPU memory: on a GPU the KV moves by CUDA IPC (staged)
     or NIXL, which also crosses a link (link=veth, transport.ifname). Refused here, it was an
     engine dying at start-up with a traceback."""
-    if cfg.strategy.module and cfg.transport.kind == "gloo" and device != "cpu":
-        raise ConfigError(f"transport=gloo carries KV in CPU memory; on {device} use transport=staged (CUDA IPC, "
-                          f"one host) or transport=nixl (UCX: NVLink, RDMA or TCP on a link)")
+    from transfer_strategies.transport import carries
+
+    if cfg.strategy.module and not carries(cfg.transport.kind, device):
+        raise ConfigError(f"transport={cfg.transport.kind} carries KV in CPU memory; on {device} use transport=staged "
+                          f"(CUDA IPC, one host) or transport=nixl (UCX: NVLink, RDMA or TCP on a link)")
 
 
 def check_equal_degrees(cfg: DictConfig, connector: type | None) -> None:

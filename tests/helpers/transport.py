@@ -9,7 +9,6 @@ import os
 import torch
 
 from harness import process_group
-from harness.process_group import SHM
 from transfer_strategies.connector_config import TransportSettings
 from transfer_strategies.transport import open_channel, remove_leftovers
 
@@ -26,7 +25,7 @@ def run_pair(tmp_path, sender, receiver, *args, results=1, timeout=90):
     receiver put on its queue."""
     ctx = mp.get_context("spawn")
     rendezvous, out = str(tmp_path / "port"), ctx.Queue()
-    shm_before = set(os.listdir(SHM))
+    shm_before = set(os.listdir(process_group.SHM))
     rx = ctx.Process(target=receiver, args=(rendezvous, out, *args))
     tx = ctx.Process(target=sender, args=(rendezvous, out, *args))
     rx.start()
@@ -43,7 +42,7 @@ def run_pair(tmp_path, sender, receiver, *args, results=1, timeout=90):
         # The pair ends with os._exit, as killed engines do, so on CUDA torch's IPC reference
         # counters (torch_<pid>_*) and the driver's IPC files (cuda.shm.*) stayed in /dev/shm;
         # removed as the harness removes what the engines it stopped left (no live process maps them).
-        process_group.remove_unmapped({SHM + n for n in set(os.listdir(SHM)) - shm_before})
+        process_group.remove_unmapped({process_group.SHM + n for n in set(os.listdir(process_group.SHM)) - shm_before})
     assert tx.exitcode == 0 and rx.exitcode == 0
     return got
 

@@ -49,6 +49,14 @@ __all__ = ["Message", "as_bytes", "open_channel", "remove_leftovers"]
 DEFAULT_STAGING_MB = {"cpu": 256, "cuda": 4096}
 
 
+def carries(kind: str, device_type: str) -> bool:
+    """Whether transport `kind` moves KV held on `device_type`: gloo's from CPU memory only,
+    staged's and nixl's wherever their staging buffer can live."""
+    if kind == "gloo":
+        return device_type == "cpu"
+    return kind in ("staged", "nixl") and device_type in DEFAULT_STAGING_MB
+
+
 def open_channel(role: str, device: torch.device, transport: TransportSettings | None, rendezvous: str | list[str],
                  host: str, timeout_s: float, on_open=None, open_timeout_s: float | None = None):
     """role: "sender" (prefill worker) or "receiver" (decode worker); transport: the channel's
@@ -74,22 +82,21 @@ def _open(role: str, device: torch.device, transport: TransportSettings, rendezv
         raise ValueError(f"a KV channel role is 'sender' or 'receiver', not {role!r}")
     paths = [rendezvous] if isinstance(rendezvous, str) else list(rendezvous)
     kind = transport.kind
-    if kind == "gloo" and device.type == "cpu":
+    if not carries(kind, device.type):
+        raise ValueError(f"no KV transport {kind!r} for device type {device.type!r}: use transport.kind=staged "
+                         f"(shared memory on CPU, CUDA IPC on GPU), nixl or gloo (CPU)")
+    if kind == "gloo":
         if role == "sender":
             return _senders(paths, on_open, lambda path: GlooSender(path, host, timeout_s))
         return _receivers(paths, timeout_s, on_open, lambda path, **kw: GlooReceiver(path, host, timeout_s, **kw))
-    if kind in ("staged", "nixl") and device.type in DEFAULT_STAGING_MB:
-        if role == "sender":  # the receiver sizes the buffer
-            return _senders(paths, on_open, lambda path: StagedSender(device, path, host, timeout_s))
-        mb = transport.staging_mb
-        mb = DEFAULT_STAGING_MB[device.type] if mb is None else int(mb)
-        if mb <= 0:
-            raise ValueError(f"transport.staging_mb must be positive, got {mb}")
-        return _receivers(paths, timeout_s, on_open,
-                          lambda path, **kw: StagedReceiver(device, mb * 2**20, path, host, timeout_s, kind=kind,
-                                                            **kw))
-    raise ValueError(f"no KV transport {kind!r} for device type {device.type!r}: use transport.kind=staged "
-                     f"(shared memory on CPU, CUDA IPC on GPU), nixl or gloo (CPU)")
+    if role == "sender":  # the receiver sizes the buffer
+        return _senders(paths, on_open, lambda path: StagedSender(device, path, host, timeout_s))
+    mb = transport.staging_mb
+    mb = DEFAULT_STAGING_MB[device.type] if mb is None else int(mb)
+    if mb <= 0:
+        raise ValueError(f"transport.staging_mb must be positive, got {mb}")
+    return _receivers(paths, timeout_s, on_open,
+                      lambda path, **kw: StagedReceiver(device, mb * 2**20, path, host, timeout_s, kind=kind, **kw))
 
 
 def _opened(channel, on_open):
