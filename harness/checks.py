@@ -351,6 +351,9 @@ def check_transport(cfg: DictConfig, device: str) -> None:
     if cfg.strategy.module and not carries(cfg.transport.kind, device):
         raise ConfigError(f"transport={cfg.transport.kind} carries KV in CPU memory; on {device} use transport=staged "
                           f"(CUDA IPC, one host) or transport=nixl (UCX: NVLink, RDMA or TCP on a link)")
+    if cfg.transport.get("buffer_device") == "cuda" and device != "cuda":
+        raise ConfigError(f"transport.buffer_device=cuda puts NIXL's buffers on a GPU; this run's KV is on {device}: "
+                          f"leave it null")
 
 
 def check_equal_degrees(cfg: DictConfig, connector: type | None) -> None:

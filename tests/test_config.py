@@ -20,6 +20,7 @@ from harness.checks import ConfigError, check_parallelism, check_settings
 from harness.engine_config import transfer_config
 from harness.resolvers import built_in_strategies
 from tests.helpers.config import compose_job
+from transfer_strategies.connector_config import TransportSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -222,14 +223,16 @@ def test_our_connectors_get_harness_strategy_and_transport_sections(tmp_path):
     assert kv["kv_role"] == "kv_consumer" and kv["kv_connector_module_path"] == "transfer_strategies.per_request_blocks"
     extra = kv["kv_connector_extra_config"]
     assert extra["strategy"] == {"granularity": "block"}
-    assert extra["transport"] == {"kind": "gloo", "staging_mb": None, "address": None, "ifname": None}
+    assert extra["transport"] == {"kind": "gloo", "staging_mb": None, "address": None, "ifname": None,
+                                  "buffer_device": None}
     assert extra["harness"] == {"rendezvous": str(tmp_path / "port"), "host": "127.0.0.1",
                                 "stats_path": str(tmp_path / "decode.jsonl"), "verify": True,
                                 "checksums": False, "timeout_s": 7.0, "startup_timeout_s": 600.0,
                                 "decode_submit": "early", "prefill_tp": 1, "decode_tp": 1}
     staged = transfer_config(compose_job(["transport.staging_mb=64", "check.digests=false"]), "prefill",
                              tmp_path / "p", tmp_path / "s")["kv_connector_extra_config"]
-    assert staged["transport"] == {"kind": "staged", "staging_mb": 64, "address": None, "ifname": None}
+    assert staged["transport"] == {"kind": "staged", "staging_mb": 64, "address": None, "ifname": None,
+                                   "buffer_device": None}
     assert staged["harness"]["verify"] is False
 
 
@@ -277,6 +280,8 @@ def test_a_gpu_run_over_gloo_is_refused_before_any_engine_starts():
     check_transport(compose_job(["transport=gloo"]), "cpu")
     check_transport(compose_job(["transport=nixl", "link=veth"]), "cuda")
     check_transport(compose_job(["strategy=vllm_nixl", "transport=gloo"]), "cuda")  # vLLM's own: not our channel
+    with pytest.raises(ConfigError, match="transport.buffer_device=cuda puts NIXL's buffers on a GPU"):
+        check_transport(compose_job(["transport=nixl", "transport.buffer_device=cuda"]), "cpu")
 
 
 def test_ucx_is_told_tcp_on_the_links_interface_with_cuda_copy_on_a_gpu(monkeypatch):
@@ -288,6 +293,16 @@ def test_ucx_is_told_tcp_on_the_links_interface_with_cuda_copy_on_a_gpu(monkeypa
     cuda = engine_env(cfg, "cuda", 0, "prefill")
     assert (cuda["UCX_TLS"], cuda["UCX_NET_DEVICES"], cuda["GLOO_SOCKET_IFNAME"]) == ("tcp,cuda_copy", "kv0", "kv0")
     assert "UCX_TLS" not in engine_env(compose_job(["transport=nixl"]), "cuda", 0, "prefill")  # no link: UCX picks
+
+
+def test_nixl_buffers_are_pinned_host_memory_where_a_gpus_kv_crosses_a_link():
+    from transfer_strategies.transport import nixl_on_host
+
+    link, here = TransportSettings("nixl", ifname="kv0"), TransportSettings("nixl")
+    assert nixl_on_host(link, "cuda") and not nixl_on_host(here, "cuda")  # UCX's TCP moves GPU memory slowly
+    assert not nixl_on_host(link, "cpu")  # the KV is in host memory already
+    assert not nixl_on_host(TransportSettings("nixl", ifname="kv0", buffer_device="cuda"), "cuda")
+    assert nixl_on_host(TransportSettings("nixl", buffer_device="cpu"), "cuda")
 
 
 def test_a_vllm_connector_may_take_any_param_name():

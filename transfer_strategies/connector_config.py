@@ -70,6 +70,9 @@ class TransportSettings:
     staging_mb: int | None = None  # the decode worker's staging buffer (None: 256 MiB on CPU, 4096 on CUDA)
     address: str | None = None  # HOST:PORT the prefill worker listens on (None: a free port on 127.0.0.1)
     ifname: str | None = None  # the interface gloo (GLOO_SOCKET_IFNAME) or UCX (UCX_NET_DEVICES) uses
+    # transport=nixl: where NIXL's buffers live (None: host memory where a GPU's KV crosses a link, ifname
+    # set; else the KV's own device). transport/__init__.py: nixl_on_host
+    buffer_device: Literal["cpu", "cuda"] | None = None
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,10 @@ MiB = 2**20
 
 
 def open_end(role, rendezvous, kind, device="cpu", timeout_s=60):
-    return open_channel(role, torch.device(device), TransportSettings(kind, staging_mb=8), rendezvous, "127.0.0.1",
-                        timeout_s)
+    """kind: a transport's, or nixl-host (NIXL between pinned host buffers, as across a link from a GPU)."""
+    settings = (TransportSettings("nixl", staging_mb=8, buffer_device="cpu") if kind == "nixl-host"
+                else TransportSettings(kind, staging_mb=8))
+    return open_channel(role, torch.device(device), settings, rendezvous, "127.0.0.1", timeout_s)
 
 
 def run_pair(tmp_path, sender, receiver, *args, results=1, timeout=90):

@@ -22,7 +22,8 @@ Transports (transport.kind):
                     kept by allocator.py), then a doorbell over a local socket (frames.py).
   gloo (CPU)        gloo.py: headers and payloads over gloo's TCP sockets.
   nixl              nixl.py: staged's channel, the payload carried into the receiver's buffer by a
-                    NIXL write (UCX: shared memory or TCP here) from a registered mirror.
+                    NIXL write (UCX: shared memory or TCP here) from a registered mirror; on a GPU
+                    across a link through pinned host memory (nixl_on_host).
 rendezvous.py: how the two find each other; inbox.py: the receiver's parked messages;
 fan_in.py: a decode worker with channels from several prefill workers, fan_out.py: a prefill
 worker with channels to several decode workers, each request to the one it names (serving's xPyD).
@@ -55,6 +56,18 @@ def carries(kind: str, device_type: str) -> bool:
     if kind == "gloo":
         return device_type == "cpu"
     return kind in ("staged", "nixl") and device_type in DEFAULT_STAGING_MB
+
+
+def nixl_on_host(transport: TransportSettings, device_type: str) -> bool:
+    """Whether NIXL's buffers are pinned host memory (transport.buffer_device): by default where a
+    GPU's KV crosses a link, since UCX's TCP moves GPU memory at about 2.5 Gbit/s (H200; host
+    memory at about 20, scripts/nixl_probe.py), as vLLM's NixlConnector takes kv_buffer_device=cpu
+    for TCP; on CPU the KV is in host memory already."""
+    if device_type != "cuda":
+        return False
+    if transport.buffer_device is None:
+        return bool(transport.ifname)
+    return transport.buffer_device == "cpu"
 
 
 def open_channel(role: str, device: torch.device, transport: TransportSettings | None, rendezvous: str | list[str],
@@ -96,7 +109,9 @@ def _open(role: str, device: torch.device, transport: TransportSettings, rendezv
     if mb <= 0:
         raise ValueError(f"transport.staging_mb must be positive, got {mb}")
     return _receivers(paths, timeout_s, on_open,
-                      lambda path, **kw: StagedReceiver(device, mb * 2**20, path, host, timeout_s, kind=kind, **kw))
+                      lambda path, **kw: StagedReceiver(device, mb * 2**20, path, host, timeout_s, kind=kind,
+                                                        on_host=kind == "nixl" and nixl_on_host(transport, device.type),
+                                                        **kw))
 
 
 def _opened(channel, on_open):

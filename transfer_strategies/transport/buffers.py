@@ -11,7 +11,9 @@ and the cleanup it owes.
 
 The prefill worker sees the buffer as `tensor`, the space it builds payloads in, and calls
 `deliver` before a payload's doorbell: where `tensor` is the receiver's memory itself (shared
-memory, CUDA IPC: `delivers` False) there is nothing left to do.
+memory, CUDA IPC: `delivers` False) there is nothing left to do. The decode worker calls
+`arrived` on each doorbell, before the payload is read: where it landed somewhere other than
+`tensor` (NIXL through host memory), it is copied over then.
 """
 
 from __future__ import annotations
@@ -78,6 +80,9 @@ class SharedMemoryStaging:
     def deliver(self, offset: int, nbytes: int, timeout_s: float) -> None:
         return None
 
+    def arrived(self, offset: int, nbytes: int) -> None:
+        return None
+
     def close(self) -> None:
         self.tensor = None
         with contextlib.suppress(BufferError):  # a view is still alive; the mapping goes with the process
@@ -124,16 +129,20 @@ class CudaIpcStaging:
     def deliver(self, offset: int, nbytes: int, timeout_s: float) -> None:
         return None
 
+    def arrived(self, offset: int, nbytes: int) -> None:
+        return None
+
     def close(self) -> None:
         self.tensor = None
 
 
-def create_staging(device: torch.device, nbytes: int, port: int, kind: str = "staged"):
-    """The decode worker's buffer: kind "staged" (shared memory or CUDA IPC) or "nixl"."""
+def create_staging(device: torch.device, nbytes: int, port: int, kind: str = "staged", on_host: bool = False):
+    """The decode worker's buffer: kind "staged" (shared memory or CUDA IPC) or "nixl" (on_host:
+    NIXL writes into pinned host memory, copied onto the GPU as each payload arrives)."""
     if kind == "nixl":
         from transfer_strategies.transport.nixl import NixlStaging
 
-        return NixlStaging(device, nbytes)
+        return NixlStaging(device, nbytes, on_host)
     if device.type == "cuda":
         return CudaIpcStaging.create(nbytes, device)
     return SharedMemoryStaging.create(nbytes, port)

@@ -246,15 +246,16 @@ class StagedSender:
 
 class StagedReceiver:
     def __init__(self, device: torch.device, staging_bytes: int, rendezvous_path: str, host: str,
-                 timeout_s: float, inbox: Inbox | None = None, tag: int = 0, kind: str = "staged"):
+                 timeout_s: float, inbox: Inbox | None = None, tag: int = 0, kind: str = "staged",
+                 on_host: bool = False):
         """inbox: one shared with the channels from other prefill workers (Receivers), in which
-        this channel's staging regions are told apart by tag; kind: the buffer's
+        this channel's staging regions are told apart by tag; kind, on_host: the buffer's
         (buffers.create_staging)."""
         self.device = device
         self.tag = tag
         host, port = rendezvous.peer(rendezvous_path, host, timeout_s)
         self.sock = FrameSocket(rendezvous.connect(host, port, timeout_s))
-        self.buffer = buffers.create_staging(device, staging_bytes, port, kind)
+        self.buffer = buffers.create_staging(device, staging_bytes, port, kind, on_host)
         self.staging = self.buffer.tensor
         self.sock.send(Handle(pickle.dumps(self.buffer.handle)))
         try:
@@ -296,6 +297,8 @@ class StagedReceiver:
             while True:
                 frame = self.sock.recv()
                 if isinstance(frame, Doorbell):
+                    if frame.nbytes:  # where it landed elsewhere first (NIXL through host memory), onto the device
+                        self.buffer.arrived(frame.offset, frame.nbytes)
                     payload = self.staging[frame.offset:frame.offset + frame.nbytes]
                     key = None if frame.region is None else (self.tag, frame.region)
                     self.inbox.put(Message(frame.transfer_id, frame.index, frame.count, payload, frame.meta,
