@@ -13,7 +13,8 @@ The prefill worker sees the buffer as `tensor`, the space it builds payloads in,
 `deliver` before a payload's doorbell: where `tensor` is the receiver's memory itself (shared
 memory, CUDA IPC: `delivers` False) there is nothing left to do. The decode worker calls
 `arrived` on each doorbell, before the payload is read: where it landed somewhere other than
-`tensor` (NIXL through host memory), it is copied over then.
+`tensor` (NIXL through host memory), it is copied over then (and `arrived` says so: the payload
+is in the receiver's memory from then on).
 """
 
 from __future__ import annotations
@@ -80,8 +81,8 @@ class SharedMemoryStaging:
     def deliver(self, offset: int, nbytes: int, timeout_s: float) -> None:
         return None
 
-    def arrived(self, offset: int, nbytes: int) -> None:
-        return None
+    def arrived(self, offset: int, nbytes: int) -> bool:
+        return False
 
     def close(self) -> None:
         self.tensor = None
@@ -129,8 +130,8 @@ class CudaIpcStaging:
     def deliver(self, offset: int, nbytes: int, timeout_s: float) -> None:
         return None
 
-    def arrived(self, offset: int, nbytes: int) -> None:
-        return None
+    def arrived(self, offset: int, nbytes: int) -> bool:
+        return False
 
     def close(self) -> None:
         self.tensor = None

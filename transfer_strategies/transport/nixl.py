@@ -74,12 +74,14 @@ class NixlStaging:
             self.agent.get_new_notifs()  # progresses UCX (incoming writes) without a progress thread
             time.sleep(PROGRESS_S)
 
-    def arrived(self, offset: int, nbytes: int) -> None:
+    def arrived(self, offset: int, nbytes: int) -> bool:
+        """Onto the GPU (on_host) before the payload is announced to the worker: whether it copied."""
         if self._copies is None:
-            return
+            return False
         with torch.cuda.stream(self._copies):  # not the engine's stream: no wait behind its forward pass
             self.tensor[offset:offset + nbytes].copy_(self._landing[offset:offset + nbytes], non_blocking=True)
-        self._copies.synchronize()  # on the GPU before the payload is announced to the worker
+        self._copies.synchronize()
+        return True
 
     def mapped_by_both(self) -> None:
         return None

@@ -297,12 +297,14 @@ class StagedReceiver:
             while True:
                 frame = self.sock.recv()
                 if isinstance(frame, Doorbell):
-                    if frame.nbytes:  # where it landed elsewhere first (NIXL through host memory), onto the device
-                        self.buffer.arrived(frame.offset, frame.nbytes)
+                    delivered = frame.written
+                    # where it landed elsewhere first (NIXL through host memory), in our memory once copied over
+                    if frame.nbytes and self.buffer.arrived(frame.offset, frame.nbytes):
+                        delivered = time.monotonic()
                     payload = self.staging[frame.offset:frame.offset + frame.nbytes]
                     key = None if frame.region is None else (self.tag, frame.region)
                     self.inbox.put(Message(frame.transfer_id, frame.index, frame.count, payload, frame.meta,
-                                           frame.written, time.monotonic()), key)
+                                           delivered, time.monotonic()), key)
                 elif isinstance(frame, Reclaim):
                     self.acknowledge(self.inbox.evict([(self.tag, r) for r in frame.regions], self._move_out))
                 else:
