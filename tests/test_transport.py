@@ -249,3 +249,19 @@ def test_a_decode_worker_fed_by_two_channels_goes_on_when_one_closes():
     inbox.fail(ConnectionError("prefill 1 gone"))
     with pytest.raises(RuntimeError, match="prefill 1 gone"):
         inbox.ready({"from-0"})
+
+
+# --------------------------------------------------------------------------- NIXL's own ceiling
+def test_the_nixl_probe_writes_intact_over_ucx_tcp_as_the_readme_shows():
+    """scripts/nixl_probe.py as the README runs it on a GPU, here on host memory."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("nixl._api")
+    env = {**os.environ, "UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo"}
+    out = subprocess.run([sys.executable, "scripts/nixl_probe.py", "--mib", "8", "--repeat", "2"], env=env,
+                         capture_output=True, text=True, timeout=120, cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert out.returncode == 0, out.stderr[-2000:]
+    writes = [line for line in out.stdout.splitlines() if line.startswith("write ")]
+    assert len(writes) == 2 and all(line.endswith("intact=True") for line in writes), out.stdout
+    assert "Gbit/s over 2 writes" in out.stdout
