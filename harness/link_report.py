@@ -4,8 +4,9 @@ strategy with the TTFT overhead a user feels [95% interval], the prefill's own t
 transfer, and the KV's arrival in the decode engine's blocks from the end of the prefill's
 forward pass (kv_ms: negative where it came before the pass ended), against the link's ceiling;
 the winner of each prompt length and link by the time after the forward pass (RANK: the lowest
-median, and whether its interval clears the next one's); and the figure of both against link
-speed. scripts/link_report.py draws them.
+median, and whether its interval clears the next one's); the crossovers, where two strategies
+change order between adjacent link speeds; and the figure of both against link speed.
+scripts/link_report.py draws them.
 
 A link's label is its set rate ("1 Gbit/s"), "veth, unshaped" for an unshaped one and "same machine" for
 a run without a link; rows are ordered fastest link first. Each row names its transport (staged,
@@ -126,6 +127,38 @@ def winners(table: pd.DataFrame, metric: str = RANK) -> list[str]:
             line += (f", {'ahead of' if clear else 'within the noise of'} {_name(second)} "
                      f"{second[f'{metric}_p50']:.1f} ms")
         lines.append(line)
+    return lines
+
+
+def crossovers(table: pd.DataFrame, metric: str = RANK) -> list[str]:
+    """Where the order of two strategies flips as the link slows: one line per model, device,
+    prompt length and pair whose medians of `metric` change order between two adjacent links
+    (fastest first), naming both links, both medians on the slower one and whether their intervals
+    part there (else: within the noise). A pair measured on only one of the two links is not
+    compared across them."""
+    lines = []
+    for (model, device, n), g in table.groupby(KEYS[:3], sort=False):
+        g = g.dropna(subset=[f"{metric}_p50"])
+        links = g.drop_duplicates("link").sort_values("link_rate", ascending=False)["link"].tolist()
+        # a strategy is one contender across links whose transports differ (staged on the same machine,
+        # gloo on a link), unless some link has it over two transports (then each pair is one)
+        name = _name if g.groupby(["link", "strategy"]).size().max() > 1 else (lambda r: r["strategy"])
+        cells = {(r["link"], name(r)): r for r in g.to_dict("records")}
+        names = list(dict.fromkeys(name(r) for r in g.to_dict("records")))
+        for fast, slow in zip(links, links[1:], strict=False):
+            for i, a in enumerate(names):
+                for b in names[i + 1:]:
+                    if not all((link, x) in cells for link in (fast, slow) for x in (a, b)):
+                        continue
+                    before = cells[fast, a][f"{metric}_p50"] - cells[fast, b][f"{metric}_p50"]
+                    after = cells[slow, a][f"{metric}_p50"] - cells[slow, b][f"{metric}_p50"]
+                    if before * after >= 0:
+                        continue
+                    win, lose = (cells[slow, b], cells[slow, a]) if after > 0 else (cells[slow, a], cells[slow, b])
+                    clear = win[f"{metric}_p50_hi"] < lose[f"{metric}_p50_lo"]
+                    lines.append(f"{model} {device} {int(n)} tokens: {name(win)} overtakes {name(lose)} between "
+                                 f"{fast} and {slow} ({win[f'{metric}_p50']:.1f} against "
+                                 f"{lose[f'{metric}_p50']:.1f} ms at {slow}{'' if clear else ', within the noise'})")
     return lines
 
 

@@ -1,7 +1,8 @@
 """Which strategy wins on which link: the table of TTFT overhead [95% interval], the prefill's
 token, transfer and KV-ready times per prompt length, link and strategy, from run directories of
 strategies run on the same machine and across shaped links (harness/link_report.py), the winner
-of each cell, and the figure of TTFT overhead against link speed.
+of each cell, the crossovers (two strategies changing order between adjacent link speeds), and
+the figure of TTFT overhead against link speed.
 
     python -m harness -m link=veth transport=gloo strategy=fused,layerwise link.rate_gbit=0.1,1,10 \\
         workload=synthetic workload.prompt_len=1024 workload.num_prompts=8 hydra.sweep.dir=OUT/links
@@ -21,7 +22,14 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness.link_report import by_prompt_length, link_table, plot_ttft_against_link, to_markdown, winners  # noqa: E402
+from harness.link_report import (  # noqa: E402
+    by_prompt_length,
+    crossovers,
+    link_table,
+    plot_ttft_against_link,
+    to_markdown,
+    winners,
+)
 from harness.results import load_requests, load_runs  # noqa: E402
 
 
@@ -36,7 +44,9 @@ def main() -> int:
         print(f"no runs under {' '.join(args.runs)}", file=sys.stderr)
         return 2
     table = link_table(by_prompt_length(runs, load_requests(*args.runs)))
-    text = to_markdown(table) + "\n\n" + "\n".join(f"- {w}" for w in winners(table))
+    crossed = crossovers(table) or ["none: every pair keeps its order from link to link"]
+    text = (to_markdown(table) + "\n\nWinners:\n\n" + "\n".join(f"- {w}" for w in winners(table))
+            + "\n\nCrossovers:\n\n" + "\n".join(f"- {c}" for c in crossed))
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")

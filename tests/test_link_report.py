@@ -4,7 +4,7 @@ import math
 
 import pandas as pd
 
-from harness.link_report import by_prompt_length, link_table, to_markdown, winners
+from harness.link_report import by_prompt_length, crossovers, link_table, to_markdown, winners
 
 
 def run(strategy, rate, ttft, lo, hi, kind="veth", n=1024, transport=None):
@@ -57,3 +57,32 @@ def test_a_benchmark_run_of_several_lengths_gives_a_row_per_length():
     assert t.iloc[1]["ttft_overhead_ms_p50"] == 11.0 and t.iloc[1]["transfer_ms_p50"] == 5.5
     assert (t.iloc[1]["ttft_overhead_ms_p50_lo"], t.iloc[1]["ttft_overhead_ms_p50_hi"]) == (10.0, 12.0)
     assert t.iloc[2]["after_forward_ms_p50"] == 39.0 and t.iloc[2]["bytes_p50"] == 8192000
+
+
+def test_crossovers_name_the_two_links_between_which_two_strategies_change_order():
+    runs = pd.DataFrame([  # same machine over staged, links over gloo: a strategy is one contender across them
+        run("fused", None, 10.0, 9.0, 11.0, kind="none"), run("layerwise", None, 12.0, 11.5, 12.5, kind="none"),
+        run("fused_int4", None, 30.0, 29.0, 31.0, kind="none"),
+        run("fused", 1, 40.0, 38.0, 42.0), run("layerwise", 1, 20.0, 18.0, 22.0),
+        run("fused_int4", 1, 41.0, 35.0, 45.0),
+        run("fused", 0.1, 400.0, 390.0, 410.0), run("layerwise", 0.1, 300.0, 290.0, 310.0),
+        run("fused_int4", 0.1, 90.0, 85.0, 95.0),
+    ])
+    assert crossovers(link_table(runs)) == [
+        "tiny-llama cpu 1024 tokens: layerwise overtakes fused between same machine and 1 Gbit/s "
+        "(20.0 against 40.0 ms at 1 Gbit/s)",
+        "tiny-llama cpu 1024 tokens: fused_int4 overtakes fused between 1 Gbit/s and 0.1 Gbit/s "
+        "(90.0 against 400.0 ms at 0.1 Gbit/s)",
+        "tiny-llama cpu 1024 tokens: fused_int4 overtakes layerwise between 1 Gbit/s and 0.1 Gbit/s "
+        "(90.0 against 300.0 ms at 0.1 Gbit/s)"]
+    # a flip inside both intervals is named as such
+    noisy = runs.assign(after_forward_ms_p50_lo=runs["after_forward_ms_p50"] - 500)
+    assert all(c.endswith(", within the noise)") for c in crossovers(link_table(noisy)))
+    # a strategy over two transports on one link: each transport its own contender (so the same
+    # machine's staged runs meet no link's), compared where both are measured
+    both = pd.concat([runs, pd.DataFrame([run("fused", 1, 39.0, 38.0, 40.0, transport="nixl")])])
+    assert crossovers(link_table(both)) == [
+        "tiny-llama cpu 1024 tokens: fused_int4 over gloo overtakes layerwise over gloo between 1 Gbit/s and "
+        "0.1 Gbit/s (90.0 against 300.0 ms at 0.1 Gbit/s)",
+        "tiny-llama cpu 1024 tokens: fused_int4 over gloo overtakes fused over gloo between 1 Gbit/s and "
+        "0.1 Gbit/s (90.0 against 400.0 ms at 0.1 Gbit/s)"]
