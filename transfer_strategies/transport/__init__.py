@@ -60,9 +60,9 @@ def carries(kind: str, device_type: str) -> bool:
 
 def nixl_on_host(transport: TransportSettings, device_type: str) -> bool:
     """Whether NIXL's buffers are pinned host memory (transport.buffer_device): by default where a
-    GPU's KV crosses a link, since UCX's TCP moves GPU memory at about 2.5 Gbit/s (H200; host
-    memory at about 20, scripts/nixl_probe.py), as vLLM's NixlConnector takes kv_buffer_device=cpu
-    for TCP; on CPU the KV is in host memory already."""
+    GPU's KV crosses a link, since UCX's TCP moved GPU memory at 2.2-2.9 Gbit/s on the H200 and
+    host memory at 20 (scripts/nixl_probe.py), as vLLM's NixlConnector can with a CPU
+    kv_buffer_device; on CPU the KV is in host memory already."""
     if device_type != "cuda":
         return False
     if transport.buffer_device is None:

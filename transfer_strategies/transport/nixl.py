@@ -15,11 +15,11 @@ whatever network namespace each engine is in. To cross a link, the engines' envi
 (harness/engine_config.py sets UCX_TLS=tcp and UCX_NET_DEVICES=<transport.ifname>).
 
 On a GPU across a link (on_host; transport/__init__.py: nixl_on_host) NIXL writes between pinned
-host buffers of the same size: UCX's TCP moves GPU memory at about 2.5 Gbit/s on the H200, host
-memory at about 20 (scripts/nixl_probe.py). The strategies still build and read payloads in GPU
+host buffers of the same size: UCX's TCP moved GPU memory at 2.2-2.9 Gbit/s on the H200, host
+memory at 20 (scripts/nixl_probe.py, over loopback). The strategies still build and read payloads in GPU
 memory; the sender copies each payload to the host in PIECE_BYTES pieces, each written across
-while the next is copied, and the receiver copies it onto its GPU when the doorbell rings. The
-two copies (PCIe, ~20 ms a GiB each way) are inside the transfer's time.
+while the next is copied, and the receiver copies it onto its GPU when the doorbell rings; the
+transfer's time ends when it is there.
 
 Progress: NIXL's own progress thread polls without pause, a whole core per agent (on the 2-core
 machine two of them slowed every engine: the time after the forward pass went from 23 to 49 ms
