@@ -59,7 +59,8 @@ def engine_env(cfg: DictConfig, device: str, gpu: int, role: str | None = None) 
             if ifname:
                 env["GLOO_SOCKET_IFNAME"] = ifname
         if ifname and cfg.transport.kind == "nixl":  # UCX would take shared memory, which no link carries
-            # on a GPU, cuda_copy lets UCX's TCP read and write device memory (through host buffers)
+            # on a GPU, cuda_copy lets UCX's TCP read and write device memory, where transport.buffer_device=cuda
+            # keeps NIXL's buffers there (by default they are host memory across a link: nixl_on_host)
             env.update(UCX_TLS="tcp,cuda_copy" if device == "cuda" else "tcp", UCX_NET_DEVICES=ifname)
     if device == "cpu":
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # engines share the cores

@@ -1,7 +1,9 @@
-"""How fast NIXL writes one buffer to another on this machine, with UCX restricted by the
-environment the way the harness restricts it for a link (UCX_TLS, UCX_NET_DEVICES): the ceiling
-transport=nixl can reach before any engine runs. Two agents in one process, each with its own
-buffer (GPU memory with --device cuda), one WRITE of --mib at a time, --repeat times.
+"""How fast transport=nixl carries one payload on this machine before any engine runs: its two
+buffers (transfer_strategies/transport/nixl.py: the decode worker's NixlStaging, the prefill
+worker's NixlMirror writing into it) in one process, with UCX restricted by the environment the
+way the harness restricts it for a link (UCX_TLS, UCX_NET_DEVICES). One payload of --mib at a
+time, --repeat times; with --host-buffers on a GPU through pinned host memory, as across a link
+(transport.buffer_device=cpu), the copy onto the receiver's GPU included.
 
     UCX_TLS=tcp,cuda_copy UCX_NET_DEVICES=lo python scripts/nixl_probe.py --device cuda --mib 1024
 """
@@ -9,9 +11,14 @@ buffer (GPU memory with --device cuda), one WRITE of --mib at a time, --repeat t
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from transfer_strategies.transport.nixl import NixlMirror, NixlStaging  # noqa: E402
 
 
 def main() -> None:
@@ -19,42 +26,26 @@ def main() -> None:
     p.add_argument("--device", default="cpu")
     p.add_argument("--mib", type=int, default=256)
     p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--host-buffers", action="store_true", help="on a GPU: NIXL between pinned host buffers")
     p.add_argument("--timeout-s", type=float, default=120.0)
     args = p.parse_args()
-    from nixl._api import nixl_agent, nixl_agent_config
-
     dev = torch.device(args.device)
     nbytes = args.mib << 20
-    mem, idx = ("VRAM", dev.index or 0) if dev.type == "cuda" else ("DRAM", 0)
-    agents, bufs = [], []
-    for name in ("probe-src", "probe-dst"):
-        a = nixl_agent(f"{name}-{os.getpid()}", nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
-        b = torch.full((nbytes,), 7 if name == "probe-src" else 0, dtype=torch.uint8, device=dev)
-        a.register_memory(b)
-        agents.append(a)
-        bufs.append(b)
-    src, dst = agents
-    peer = src.add_remote_agent(dst.get_agent_metadata())
+    receiver = NixlStaging(dev, nbytes, on_host=args.host_buffers and dev.type == "cuda")
+    sender = NixlMirror(receiver.handle, dev)
     env = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
-    print(f"device={args.device} bytes={nbytes} env={env}")
+    print(f"device={args.device} host_buffers={args.host_buffers} bytes={nbytes} env={env}")
     seconds = []
     for i in range(args.repeat):
-        bufs[1].zero_()
+        mark = i % 255 + 1  # a new value each time: a write that did not land leaves the last one
+        sender.tensor.fill_(mark)
         if dev.type == "cuda":
-            torch.cuda.synchronize()
-        local = src.get_xfer_descs([(bufs[0].data_ptr(), nbytes, idx)], mem)
-        remote = src.get_xfer_descs([(bufs[1].data_ptr(), nbytes, idx)], mem)
-        h = src.initialize_xfer("WRITE", local, remote, peer)
+            torch.cuda.synchronize()  # the payload written, as the sender waits for its event
         t0 = time.perf_counter()
-        state, deadline = src.transfer(h), time.monotonic() + args.timeout_s
-        while state != "DONE":
-            if state == "ERR" or time.monotonic() > deadline:
-                raise SystemExit(f"write {i}: {state} after {time.perf_counter() - t0:.1f} s")
-            dst.get_new_notifs()  # the target's UCX progresses too, as the harness's receiver thread does
-            state = src.check_xfer_state(h)
+        sender.deliver(0, nbytes, args.timeout_s)
+        receiver.arrived(0, nbytes)  # onto the receiver's GPU, where it landed in host memory
         seconds.append(time.perf_counter() - t0)
-        src.release_xfer_handle(h)
-        ok = bool((bufs[1] == 7).all())
+        ok = bool((receiver.tensor == mark).all())
         print(f"write {i}: {seconds[-1] * 1e3:.1f} ms, {nbytes * 8 / seconds[-1] / 1e9:.2f} Gbit/s, intact={ok}")
     med = statistics.median(seconds)
     print(f"median {med * 1e3:.1f} ms, {nbytes * 8 / med / 1e9:.2f} Gbit/s over {args.repeat} writes")
