@@ -331,18 +331,30 @@ def test_vllm_bench_serve_agrees_with_the_harness_on_the_same_load(deployment, r
     the machine stalled under vLLM's requests more than under the harness's (TTFT medians 218 and
     41 ms, TPOT medians equal), which says nothing of either definition; a slip in what is timed
     moves the fastest quarter too (two runs here: p25 ratios 0.64 and 0.69).
+    A second attempt is made only when the first disagrees: a slip of definition shows in every
+    attempt, a stall of the 2 shared cores under one client's requests and not the other's in one
+    (a CI run, once: the harness's 2 requests while vLLM's 16 ran, TPOT 86.6 ms against vLLM's
+    12.8, TTFTs alike). Every attempt's outputs must match.
     scripts/bench_crosscheck.py runs the same on a deployment of its own (on one H200 they
-    agreed within 1.3%); both clients' records are kept in serve-crosscheck/."""
-    d, out = deployment, results_dir / "serve-crosscheck"
-    shutil.rmtree(out, ignore_errors=True)
-    # the harness's reference pass goes through the P/D router: other instances, so that the
-    # measured pass finds none of its prompts in the colocated instance's prefix cache (nor does vLLM's)
-    result = crosscheck(d["router_colocated"], d["router"], d["model"], out, overrides=("device=cpu",))
-    print(result)
-    assert result["outputs_match"] and result["harness_requests_during"] >= result["vllm_requests"] // 2
-    # TPOT: the two clients' requests share every decode step. TTFT: vLLM's client sends text,
-    # which the server tokenizes first, the harness's sends token ids
-    assert 1 / 2.5 <= result["tpot_ms_ratio"] <= 2.5 and 1 / 2.5 <= result["ttft_ms_p25_ratio"] <= 2.5, result
+    agreed within 1.3%); both clients' records are kept in serve-crosscheck/attempt-N/."""
+    d = deployment
+    shutil.rmtree(results_dir / "serve-crosscheck", ignore_errors=True)
+    results = []
+    for attempt in range(2):
+        # the harness's reference pass goes through the P/D router: other instances, so that the measured
+        # pass finds none of its prompts in the colocated instance's prefix cache (nor does vLLM's)
+        result = crosscheck(d["router_colocated"], d["router"], d["model"],
+                            results_dir / "serve-crosscheck" / f"attempt-{attempt}", overrides=("device=cpu",))
+        print(result)
+        assert result["outputs_match"], result
+        results.append(result)
+        # TPOT: the two clients' requests share every decode step. TTFT: vLLM's client sends text,
+        # which the server tokenizes first, the harness's sends token ids
+        if result["harness_requests_during"] >= result["vllm_requests"] // 2 \
+                and 1 / 2.5 <= result["tpot_ms_ratio"] <= 2.5 and 1 / 2.5 <= result["ttft_ms_p25_ratio"] <= 2.5:
+            break
+    else:
+        pytest.fail(f"the two clients disagreed in both attempts: {results}")
 
 
 @pytest.mark.engine
