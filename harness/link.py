@@ -2,7 +2,13 @@
 two Linux network namespaces joined by a veth pair, each end's egress shaped by the kernel's
 traffic control (`tc`: tbf for the rate, netem for a delay), so that the KV crosses a network
 interface as between two hosts (transport=gloo over TCP). Made before the run's engines start and removed
-when it ends, whatever happened: the namespaces go with the veth pair and its qdiscs.
+once nothing uses it, whatever happened: the namespaces go with the veth pair and its qdiscs.
+
+A link is held by the run that made it and by the prefill/decode engines started in its
+namespaces; the last hold given back removes it. With run.reuse_engines the engines outlive their
+run (harness/offline/engine_pool.py) and so does their link: the next run of the process takes it,
+shaped to its own settings (`tc qdisc` replaced on both ends), and with it the kept engines, so a
+sweep across link speeds (`-m link.rate_gbit=10,5`) starts each strategy's engines once.
 
     python -m harness link=veth link.rate_gbit=10 link.delay_ms=0.5 transport=gloo
 
@@ -66,16 +72,24 @@ def _ip(*args: str) -> None:
 
 
 class VethLink:
-    """Two namespaces (prefill's, decode's) and the shaped veth pair between them. A context
-    manager: the namespaces are deleted on leaving it."""
+    """Two namespaces (prefill's, decode's) and the shaped veth pair between them. As a context
+    manager: made on entering, removed on leaving. Held (hold/release): removed when the last hold
+    is given back."""
 
     def __init__(self, spec: LinkSpec):
         self.spec = spec
         tag = f"{os.getpid() % 100000}x{next(_serial)}"  # a run's own: no engine of another run is in it
         self.netns = {"prefill": f"kvlp{tag}", "decode": f"kvld{tag}"}
         self.made: list[str] = []
+        self.holders = 0
 
     def __enter__(self) -> VethLink:
+        return self.make()
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
+
+    def make(self) -> VethLink:
         if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("tc") is None:
             raise LinkError("link=veth makes network namespaces and shapes them: it needs root and iproute2 (ip, tc)")
         try:
@@ -91,26 +105,45 @@ class VethLink:
                 _ip("-n", ns, "addr", "add", f"{addr}/24", "dev", IFNAME)
                 _ip("-n", ns, "link", "set", IFNAME, "up")
                 _ip("-n", ns, "link", "set", "lo", "up")
-                for qdisc in self.spec.qdiscs():
-                    done = subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", IFNAME, *qdisc],
-                                          capture_output=True, text=True)
-                    if done.returncode:
-                        why = done.stderr.strip()
-                        if "unknown" in why and "netem" in qdisc:
-                            why = "this kernel has no netem qdisc (sch_netem), which a delay needs: " + why
-                        raise LinkError(f"tc qdisc add dev {IFNAME} {' '.join(qdisc)}: {why}")
+                self._shape(ns)
         except BaseException:
             self.remove()
             raise
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.remove()
+    def _shape(self, ns: str) -> None:
+        for qdisc in self.spec.qdiscs():
+            done = subprocess.run(["tc", "-n", ns, "qdisc", "add", "dev", IFNAME, *qdisc],
+                                  capture_output=True, text=True)
+            if done.returncode:
+                why = done.stderr.strip()
+                if "unknown" in why and "netem" in qdisc:
+                    why = "this kernel has no netem qdisc (sch_netem), which a delay needs: " + why
+                raise LinkError(f"tc qdisc add dev {IFNAME} {' '.join(qdisc)}: {why}")
+
+    def reshape(self, spec: LinkSpec) -> None:
+        """Both ends shaped as spec instead (the engines on either side stay)."""
+        self.spec = spec
+        for ns in self.netns.values():
+            # an unshaped end has no root qdisc of ours: nothing to delete
+            subprocess.run(["tc", "-n", ns, "qdisc", "del", "dev", IFNAME, "root"], capture_output=True)
+            self._shape(ns)
+
+    def hold(self) -> VethLink:
+        self.holders += 1
+        return self
+
+    def release(self) -> None:
+        self.holders -= 1
+        if self.holders <= 0:
+            self.remove()
 
     def remove(self) -> None:
         for ns in self.made:  # the veth pair and its qdiscs go with them
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         self.made = []
+        if self in _shared:
+            _shared.remove(self)
 
     def shown(self) -> dict[str, str]:
         """What tc reports on each end (the shaping as applied)."""
@@ -118,7 +151,23 @@ class VethLink:
                                      text=True).stdout.strip() for role, ns in self.netns.items()}
 
 
-def link_for(cfg) -> VethLink | None:
+_shared: list[VethLink] = []  # made with share=True and not yet removed (at most one)
+
+
+def open_link(spec: LinkSpec, share: bool) -> VethLink:
+    """A link shaped as spec, held once by the caller (release() it). With share, the one an
+    earlier run of this process left held by its kept engines, where there is one, reshaped."""
+    if share and _shared:
+        link = _shared[0]
+        link.reshape(spec)
+        return link.hold()
+    link = VethLink(spec).make()
+    if share:
+        _shared.append(link)
+    return link.hold()
+
+
+def link_for(cfg) -> LinkSpec | None:
     """The run's link (link=veth), not yet made; None for none. Its settings checked first: a
     bad one is the run's bad input, before anything is made."""
     if cfg.link.kind == "none":
@@ -131,8 +180,7 @@ def link_for(cfg) -> VethLink | None:
     netns = cfg.run.get("netns") or {}
     if cfg.transport.get("address") or any(netns.get(r) for r in ("prefill", "decode")):
         raise LinkError("link=veth makes its own namespaces and address: leave run.netns and transport.address unset")
-    return VethLink(LinkSpec(None if cfg.link.rate_gbit is None else float(cfg.link.rate_gbit),
-                             float(cfg.link.delay_ms)))
+    return LinkSpec(None if cfg.link.rate_gbit is None else float(cfg.link.rate_gbit), float(cfg.link.delay_ms))
 
 
 def apply(cfg, link: VethLink) -> None:

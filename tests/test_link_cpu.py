@@ -63,24 +63,33 @@ def test_bad_link_settings_are_bad_input(tmp_path):
 @needs_root
 @pytest.mark.engine
 @pytest.mark.parametrize("transport", cells(["gloo", "nixl"], {"nixl"}))
-def test_kv_crosses_a_shaped_link_bit_for_bit(tmp_path, transport):
-    """Over gloo's TCP, and over NIXL told the link (UCX would take shared memory, which no link
-    carries: a KV of 4 MiB a request then moves at several GB/s, not at the link's 0.25)."""
+def test_kv_crosses_links_of_two_speeds_bit_for_bit_on_engines_started_once(tmp_path, transport):
+    """A sweep across two link speeds, as the README shows it: over gloo's TCP, and over NIXL told
+    the link (UCX would take shared memory, which no link carries: a KV of 4 MiB a request then
+    moves at several GB/s, not at the link's 0.25). The second run takes the first one's engines
+    and link, reshaped: each run's measured ceiling is its own set rate, and once the sweep's
+    process has ended its namespaces are gone."""
     before = namespaces()
-    run = run_harness(tmp_path / "r", "link=veth", "link.rate_gbit=2", f"transport={transport}", "workload=synthetic",
-                      "workload.prompt_len=1024", "workload.num_prompts=4")
-    assert run.code == 0, run.stderr[-3000:]
-    s = run.summary
-    assert s["status"] == "ok" and s["match_rate"] == 1.0 and s["digest_failures"] == 0 and s["digest_checked"] == 4
-    assert s["link"] == {"kind": "veth", "rate_gbit": 2.0, "delay_ms": 0.0}
-    assert s["link_ceiling_gbps"] == pytest.approx(2.0 / 8, rel=0.1)  # measured across the shaped link
-    # no faster than the link (its token bucket lets the first 4 ms of bytes through at once)
-    rates = [r["bytes"] / r["transfer_ms"] / 1e6 for r in run.jsonl("requests.jsonl")]
-    assert len(rates) == 4 and max(rates) < 1.5 * s["link_ceiling_gbps"], rates
-    assert namespaces() == before  # the link's namespaces, veth pair and qdiscs went with the run
+    cmd = [sys.executable, "-m", "harness", "-m", f"hydra.sweep.dir={tmp_path}", "device=cpu", "link=veth",
+           "link.rate_gbit=2,1", f"transport={transport}", "workload=synthetic", "workload.prompt_len=1024",
+           "workload.num_prompts=4"]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    runs = sorted((d for d in tmp_path.iterdir() if (d / "summary.json").exists()), key=lambda d: int(d.name[0]))
+    assert len(runs) == 2
+    for rate, run_dir in zip((2.0, 1.0), runs, strict=True):
+        s = json.loads((run_dir / "summary.json").read_text())
+        assert s["status"] == "ok" and s["match_rate"] == 1.0 and s["digest_failures"] == 0 and s["digest_checked"] == 4
+        assert s["link"] == {"kind": "veth", "rate_gbit": rate, "delay_ms": 0.0}
+        assert s["link_ceiling_gbps"] == pytest.approx(rate / 8, rel=0.1)  # measured across the shaped link
+        # no faster than the link (its token bucket lets the first 4 ms of bytes through at once)
+        rows = [json.loads(x) for x in (run_dir / "requests.jsonl").read_text().splitlines()]
+        rates = [r["bytes"] / r["transfer_ms"] / 1e6 for r in rows]
+        assert len(rates) == 4 and max(rates) < 1.5 * s["link_ceiling_gbps"], rates
+        assert s["engines_reused"] == dict.fromkeys(("baseline", "prefill", "decode"), rate == 1.0), s["engines_reused"]
+    assert namespaces() == before  # the link's namespaces, veth pair and qdiscs went with the last engines
 
 
-@needs_root
 @pytest.mark.engine
 def test_a_run_terminated_while_its_engines_start_removes_its_link(tmp_path):
     """SIGTERM (a scheduler's, timeout's) ends a run as Ctrl-C does: exit 130, status interrupted,

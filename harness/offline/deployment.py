@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from harness.checks import decode_submit
 from harness.engine_config import channel_files, engine_args, engine_env, free_port, pulls, tp_degrees, transfer_config
 from harness.engine_process import EngineDied, EngineProcess, wait_ready
+from harness.link import VethLink
 from harness.offline.engine_pool import EnginePool, engine_key
 from harness.offline.pipeline import pipeline
 from harness.records import write_json
@@ -88,8 +89,9 @@ class OfflineDeployment:
     driven a pass at a time, asked what they still hold, and stopped or kept. A prompt's prefill
     and decode requests carry one transfer id (transfer_id), the connectors' records too."""
 
-    def __init__(self, cfg: DictConfig, device: str, run_dir: Path, pool: EnginePool | None = None):
-        self.cfg, self.device, self.run_dir, self.pool = cfg, device, run_dir, pool
+    def __init__(self, cfg: DictConfig, device: str, run_dir: Path, pool: EnginePool | None = None,
+                 link: VethLink | None = None):
+        self.cfg, self.device, self.run_dir, self.pool, self.link = cfg, device, run_dir, pool, link
         self.rendezvous = run_dir / "kv-channel.port"  # the prefill worker writes the port it bound
         for path in channel_files(self.rendezvous, *tp_degrees(cfg)):
             path.unlink(missing_ok=True)
@@ -125,6 +127,15 @@ class OfflineDeployment:
         caches emptied), else started; returns those started, to wait for. Every slot is taken
         (what the pool kept under another key stopped) before any engine starts."""
         fresh = [slot for slot in slots if not self._take(slot)]
+        if "disagg" in fresh and self.link is not None:  # the pair holds its link until it stops, kept or not
+            link, channel_cleanup = self.link.hold(), self.cleanups["disagg"]
+
+            def cleanup():
+                try:
+                    channel_cleanup()
+                finally:
+                    link.release()
+            self.cleanups["disagg"] = cleanup
         for slot in fresh:
             for name in SLOTS[slot]:
                 self.engines[name] = EngineProcess(name, self.specs[name][0], self.envs[name],

@@ -11,7 +11,8 @@ least recently are stopped until it fits, so with 1 no more engines are alive th
 session) keep both. A run hands its baseline back once the baseline's passes have ended, its P/D
 pair only when every request ended with nothing held (offline/run.py); the rest are stopped as
 before. What is kept is stopped at exit (atexit; the engines also die with this process:
-PR_SET_PDEATHSIG).
+PR_SET_PDEATHSIG). A pair on either side of a link (link=veth) holds the link until it is
+stopped: the next run takes both, the link reshaped to its speed (harness/link.py).
 
 Why reuse changes no result: each run empties the kept engines' prefix caches before its first
 request, its requests carry transfer ids of its own and name its own records files

@@ -19,7 +19,7 @@ from harness.ceiling import copy_ceiling_gbps
 from harness.checks import ConfigError, checked_inputs, decode_submit, stored_kv_dtype
 from harness.engine_config import link_ceiling
 from harness.engine_process import EngineDied
-from harness.link import LinkError, VethLink, link_for
+from harness.link import LinkError, VethLink, link_for, open_link
 from harness.link import apply as apply_link
 from harness.offline.deployment import OfflineDeployment
 from harness.offline.engine_pool import POOL
@@ -33,15 +33,19 @@ from harness.workload import Workload, WorkloadError, warmup_workload
 def run(cfg: DictConfig, run_dir: Path) -> int:
     """Returns the exit code: 0 all outputs match, 1 a mismatch or digest failure, 2 bad input,
     3 an engine died or stalled, 130 interrupted. With link=veth the run's engines sit on either
-    side of a shaped link made for it and removed after it (harness/link.py)."""
+    side of a shaped link, made for it or (run.reuse_engines) the one the engines an earlier run
+    kept sit on, reshaped; removed once neither the run nor kept engines hold it (harness/link.py)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
-        link = link_for(cfg)
-        if link is None:
+        spec = link_for(cfg)
+        if spec is None:
             return _run(cfg, run_dir)
-        with link:
+        link = open_link(spec, share=cfg.run.reuse_engines)
+        try:
             apply_link(cfg, link)
             return _run(cfg, run_dir, link)
+        finally:
+            link.release()
     except LinkError as e:
         return bad_input(run_dir, e)
 
@@ -66,8 +70,7 @@ def _run(cfg: DictConfig, run_dir: Path, link: VethLink | None = None) -> int:
     write_json(run_dir / "meta.json", meta)
     ceiling = copy_ceiling_gbps(device)  # before the engines start: the machine is quiet
     link_gbps = link_ceiling(cfg)
-    # engines inside a run's own namespaces serve no other run
-    deployment = OfflineDeployment(cfg, device, run_dir, pool=POOL if cfg.run.reuse_engines and not link else None)
+    deployment = OfflineDeployment(cfg, device, run_dir, pool=POOL if cfg.run.reuse_engines else None, link=link)
     rows = RunRows(cfg, run_dir, run_id, device)
     kv_in_use: dict[str, int | None] = {}
     transfer_held: dict[str, dict | None] = {}
