@@ -16,6 +16,12 @@
 #   bash scripts/gpu_run.sh probe    # scripts/gpu_copy_probe.py, on one GPU and (if there are two) across
 #   bash scripts/gpu_run.sh codecs   # scripts/bench_codecs.py --check: the codec kernels against torch, then each codec's
 #                                    # send and receive beside fused's gather and scatter at TOKENS (default 2048 8192 16384)
+#   bash scripts/gpu_run.sh links    # which strategy wins on which link: STRATEGIES (fused,layerwise,chunkwise) over
+#                                    # transport=nixl on the same GPU and across veth links of RATES Gbit/s (10,5), the
+#                                    # benchmark's prompts (LENGTHS 2k/8k/16k x PER_LENGTH 6), every engine prefilling in
+#                                    # chunks of CHUNK (2048) tokens; two multiruns, each strategy's engines started once
+#                                    # in each (kept across the speeds); then link_report.py. Root, ip and tc; EXPERIMENT
+#                                    # (gpu_ttft) names another setup (cpu_bench: the same on the CPU, tests/test_link_cpu.py)
 #   bash scripts/gpu_run.sh serve    # experiment=gpu_serve: runner=serve sweep on two GPUs (harness overrides follow,
 #                                    # e.g. strategy=fused,layerwise serve.request_rate=1,2,4)
 #   bash scripts/gpu_run.sh serve1   # experiment=gpu_serve_1gpu: the same on one GPU, 1P1D against two colocated replicas,
@@ -70,6 +76,26 @@ case "${1:-check}" in
       "workload.prompt_len=${LENGTHS:-2048,8192,16384}" "${@:2}" 2>&1 | grep -v "^\[" | tail -40
     python3 scripts/lossy_report.py "$RUNS/$name" --out "$OUT/$name-report.md" --figure "$OUT/$name-figure.png"
     tar czf "$OUT/$name-runs.tgz" -C "$RUNS" "$name" ;;
+  links)
+    name=${NAME:-links}; d=$RUNS/$name; lengths=${LENGTHS:-2048,8192,16384}
+    mkdir -p "$d"
+    python3 -c "from harness.workload import bench_prompts; print(bench_prompts([$lengths], ${PER_LENGTH:-6}), end='')" \
+      > "$d/prompts.jsonl"
+    # the benchmark's harness settings (harness/benchmark.py: Plan.harness_overrides); the link speeds last, so that
+    # Hydra varies them fastest and a strategy's kept engines serve all of them
+    common=("experiment=${EXPERIMENT:-gpu_ttft}" "strategy=${STRATEGIES:-fused,layerwise,chunkwise}" transport=nixl
+            workload=jsonl "workload.path=$d/prompts.jsonl" sampling.max_tokens=4 run.decode_submit=early
+            "engine.max_model_len=$(( $(tr , '\n' <<< "$lengths" | sort -n | tail -1) + 64 ))"
+            "engine.extra={max_num_batched_tokens:${CHUNK:-2048}}")
+    code=0
+    python3 -m harness -m "${common[@]}" "hydra.sweep.dir=$d/same" "${@:2}" > "$d/same.log" 2>&1 || code=1
+    python3 -m harness -m "${common[@]}" link=veth "link.rate_gbit=${RATES:-10,5}" "hydra.sweep.dir=$d/links" "${@:2}" \
+      > "$d/links.log" 2>&1 || code=1
+    grep -h -A12 "^sweep summary" "$d/same.log" "$d/links.log"
+    python3 scripts/link_report.py "$d" --out "$OUT/$name-link_report.md" --figure "$OUT/$name-ttft_vs_link.png" \
+      2>&1 | tail -40 || code=1
+    tar czf "$OUT/$name-runs.tgz" -C "$RUNS" "$name"
+    exit $code ;;
   codecs)
     python3 scripts/bench_codecs.py --device cuda --preset llama3_8b --tokens ${TOKENS:-2048 8192 16384} --check "${@:2}" \
       2>&1 | grep -v "^\[" | tee "$OUT/${NAME:-bench_codecs}.md" ;;

@@ -16,7 +16,7 @@ import pytest
 
 from harness.ceiling import link_ceiling_gbps
 from harness.link import IFNAME, PREFILL_IP, LinkError, LinkSpec, VethLink
-from tests.conftest import ROOT, cells, run_harness
+from tests.conftest import FULL, ROOT, cells, run_harness
 from tests.helpers.runs import assert_bad_input
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("tc") is None or shutil.which("ip") is None,
@@ -112,4 +112,29 @@ def test_a_run_terminated_while_its_engines_start_removes_its_link(tmp_path):
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "interrupted"
     pids = list(json.loads((tmp_path / "engines.json").read_text()).values())
     assert pids and not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert namespaces() == before
+
+
+@needs_root
+@pytest.mark.engine
+@FULL
+def test_the_gpu_machines_link_recipe_runs_on_the_cpu(tmp_path):
+    """`bash scripts/gpu_run.sh links` (issue 29's GPU table) with EXPERIMENT=cpu_bench: both of its
+    multiruns (the same machine; links of two speeds on one strategy's engines) and the link
+    report over them, as the GPU machine runs it."""
+    before = namespaces()
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}", RUNS=str(tmp_path / "runs"),
+               OUT=str(tmp_path / "out"), EXPERIMENT="cpu_bench", STRATEGIES="fused", LENGTHS="256,1024",
+               PER_LENGTH="2", RATES="2,1", CHUNK="256")
+    p = subprocess.run(["bash", "scripts/gpu_run.sh", "links"], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=900)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    report = (tmp_path / "out" / "links-link_report.md").read_text()
+    for length in (256, 1024):
+        for link in ("same machine", "2 Gbit/s", "1 Gbit/s"):
+            assert f"| {length} | {link} |" in report, report
+    assert (tmp_path / "out" / "links-runs.tgz").stat().st_size > 0
+    reused = [json.loads((d / "summary.json").read_text())["engines_reused"]
+              for d in sorted((tmp_path / "runs" / "links" / "links").glob("[0-9]_*"))]
+    assert [r["prefill"] and r["decode"] for r in reused] == [False, True]
     assert namespaces() == before
