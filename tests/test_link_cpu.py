@@ -90,6 +90,7 @@ def test_kv_crosses_links_of_two_speeds_bit_for_bit_on_engines_started_once(tmp_
     assert namespaces() == before  # the link's namespaces, veth pair and qdiscs went with the last engines
 
 
+@needs_root
 @pytest.mark.engine
 def test_a_run_terminated_while_its_engines_start_removes_its_link(tmp_path):
     """SIGTERM (a scheduler's, timeout's) ends a run as Ctrl-C does: exit 130, status interrupted,
