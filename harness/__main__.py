@@ -12,8 +12,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from harness import resolvers
-from harness.records import PROJECT_ROOT
+from harness import PROJECT_ROOT, resolvers
 
 resolvers.register()
 
@@ -54,7 +53,7 @@ def main(cfg: DictConfig) -> int:
             sys.exit(code)
         return code
     # In a sweep, one failed job must not stop the others: it shows as failed in its summary,
-    # and the sweep exits 1 after its table (harness.sweep.SweepSummary). Ctrl-C stops the sweep.
+    # and the sweep exits 1 after its table (harness.report.sweep.SweepSummary). Ctrl-C stops the sweep.
     try:
         code = run(cfg, Path(hc.runtime.output_dir))
         if code == 130:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness import PROJECT_ROOT
 from harness.ceiling import link_ceiling_gbps
 from harness.checks import decode_submit, engine_overrides, load_connector, params_type, tp_degree
 from harness.engine_process import NETNS_ENV
-from harness.records import PROJECT_ROOT
 from transfer_strategies.connector_config import ConnectorConfig, HarnessSettings, TransportSettings, parse
 from transfer_strategies.transport.rendezvous import SCHEME
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from omegaconf import OmegaConf
 
-from harness.records import PROJECT_ROOT
+from harness import PROJECT_ROOT
 
 STRATEGY_CONF = PROJECT_ROOT / "conf" / "strategy"
 

@@ -28,7 +28,7 @@ class Prompt:
     conversation: int | None = None
     turn: int | None = None
     follows: int | None = None
-    # workload=corpus: the text's own continuation of the prompt (harness/accuracy.py task_score)
+    # workload=corpus: the text's own continuation of the prompt (harness/records/accuracy.py task_score)
     reference: list[int] | None = None
     # workload=trace: when the trace sent it (s from its first request) and its output length
     arrival_s: float | None = None
@@ -154,7 +154,7 @@ def corpus(name: str, path: str, prompt_len: int, num_prompts: int, reference_le
     """Prompts cut from a text at seeded offsets (by default the corpus the project's models were
     trained on, which they have memorised), each `<s>` and prompt_len - 1 of its tokens (as the
     models saw training windows), with the text's next reference_len tokens as its reference: a
-    run's task score is the share of output tokens equal to them (harness/accuracy.py), and the
+    run's task score is the share of output tokens equal to them (harness/records/accuracy.py), and the
     baseline's score is the ceiling a P/D path can reach."""
     file = Path(path)
     if not file.is_file():

@@ -129,7 +129,8 @@ def main() -> int:
     import harness.__main__  # noqa: F401 - the config's resolvers
     from harness.checks import ConfigError, checked_inputs
     from harness.engine_config import engine_args, engine_env
-    from harness.records import versions, write_json
+    from harness.records.files import write_json
+    from harness.records.meta import versions
     from harness.serving.instances import instance_behind_router
     from harness.workload import WorkloadError
 

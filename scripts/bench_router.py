@@ -1,5 +1,5 @@
 """What the project's router adds to TTFT (issue 13's target: at most 1 ms at p50): the same
-requests sent straight to one `vllm serve` instance and through `python -m harness.router` in
+requests sent straight to one `vllm serve` instance and through `python -m harness.serving.router` in
 front of it, alternated request by request in one run so that both see the same machine.
 
     python scripts/bench_router.py [--requests 64] [--prompt-len 128] [--max-tokens 8] [--out DIR] [overrides ...]
@@ -28,10 +28,11 @@ sys.path.insert(0, str(ROOT))
 import harness.__main__  # noqa: E402,F401 - the config's resolvers
 from harness.checks import checked_inputs  # noqa: E402
 from harness.engine_config import engine_args, engine_env  # noqa: E402
-from harness.records import versions, write_json  # noqa: E402
+from harness.records.files import write_json  # noqa: E402
+from harness.records.meta import versions  # noqa: E402
+from harness.records.stats import Column, format_table, p50_with_interval  # noqa: E402
 from harness.serving.instances import instance_behind_router  # noqa: E402
 from harness.serving.load import ScheduledRequest, send_one  # noqa: E402
-from harness.stats import Column, format_table, p50_with_interval  # noqa: E402
 
 
 async def measure(direct: str, routed: str, model: str, prompts: list[list[int]], max_tokens: int) -> list[dict]:

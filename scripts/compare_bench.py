@@ -1,5 +1,5 @@
 """The GPU TTFT benchmark's regression guard, a new benchmark directory against a reference
-(harness/bench_compare.py says how it judges):
+(harness/report/compare.py says how it judges):
 
     python scripts/compare_bench.py NEW_DIR REF_DIR [--metrics M ...] [--slack-ms X]
 """
@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the project, also where it is not installed
-from harness.bench_compare import main  # noqa: E402
+from harness.report.compare import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

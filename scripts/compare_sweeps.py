@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from harness.records import read_jsonl
+from harness.records.files import read_jsonl
 
 
 def jobs(sweep: Path) -> dict[str, Path]:

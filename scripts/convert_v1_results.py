@@ -1,12 +1,12 @@
 """One-off: turn the committed results of schema version 1 (renamed copies of each run's files,
 results/cpu/<date>/<strategy>-requests.jsonl, results/gpu/session*/...) into whole run
-directories that harness.results loads. Reads the old files from git at SOURCE (the last
+directories that harness.report.load loads. Reads the old files from git at SOURCE (the last
 commit with the old layout), so it can be re-run and checked:
 
     python scripts/convert_v1_results.py [--out results]
 
 Each run directory gets the run's requests.jsonl as it was written (byte for byte), its
-summary.json where one was kept (else recomputed by harness.records.summarize and marked
+summary.json where one was kept (else recomputed by harness.records.summary.summarize and marked
 "recomputed": true), and a meta.json written here, marked "reconstructed": the git sha and
 the command from the results READMEs and the git history, the versions from gpu.txt or
 pyproject.toml, and the config composed from conf/ at that sha with the command's overrides.
@@ -28,7 +28,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from harness.records import read_jsonl, run_summary, write_json  # noqa: E402
+from harness.records.files import read_jsonl, write_json  # noqa: E402
+from harness.records.summary import run_summary  # noqa: E402
 
 SOURCE = "96b65116c15a8886eada1f07d11b8c6a8463c6a5"  # the last commit with the old layout
 CPU = {"vllm": "0.32.0", "torch": "2.13.0+cpu", "device": "cpu", "device_name": "2-core x86 VM"}
@@ -190,7 +191,7 @@ def compose_config(sha: str, overrides: list[str]) -> dict:
 
 def convert(bench: Bench, out: Path) -> None:
     for name, src in bench.files.items():
-        if name == "figure.png":  # made again from rows.csv, not committed (harness/results_slim.py)
+        if name == "figure.png":  # made again from rows.csv, not committed (tools/results_slim.py)
             continue
         (out / bench.dest).mkdir(parents=True, exist_ok=True)
         (out / bench.dest / name).write_bytes(git_show(src))

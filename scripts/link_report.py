@@ -1,6 +1,6 @@
 """Which strategy wins on which link: the table of TTFT overhead [95% interval], the prefill's
 token, transfer and KV-ready times per prompt length, link and strategy, from run directories of
-strategies run on the same machine and across shaped links (harness/link_report.py), the winner
+strategies run on the same machine and across shaped links (harness/report/link.py), the winner
 of each cell, the crossovers (two strategies changing order between adjacent link speeds), and
 the figure of TTFT overhead against link speed.
 
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness.link_report import (  # noqa: E402
+from harness.report.link import (  # noqa: E402
     by_prompt_length,
     crossovers,
     link_table,
@@ -30,7 +30,7 @@ from harness.link_report import (  # noqa: E402
     to_markdown,
     winners,
 )
-from harness.results import load_requests, load_runs  # noqa: E402
+from harness.report.load import load_requests, load_runs  # noqa: E402
 
 
 def main() -> int:

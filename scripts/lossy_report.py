@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness.accuracy_report import accuracy_table, plot_cost_against_bytes, to_markdown  # noqa: E402
-from harness.results import load_runs  # noqa: E402
+from harness.report.accuracy import accuracy_table, plot_cost_against_bytes, to_markdown  # noqa: E402
+from harness.report.load import load_runs  # noqa: E402
 
 
 def main() -> int:

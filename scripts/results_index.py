@@ -1,6 +1,6 @@
 """Write results/INDEX.md: every committed run directory (results/cpu, results/gpu) with its date,
 device, model, strategy, status, schema version, git sha and the READMEs citing it, after a short
-table of the current headline figures (harness/results_index.py keeps them).
+table of the current headline figures (tools/results_index.py keeps them).
 
     python scripts/results_index.py           # write it
     python scripts/results_index.py --check   # exit 1 when the committed INDEX.md differs from what this writes
@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness.results_index import INDEX, PROJECT_ROOT, is_current, write  # noqa: E402
+from tools.results_index import INDEX, PROJECT_ROOT, is_current, write  # noqa: E402
 
 
 def main() -> int:

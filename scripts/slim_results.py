@@ -1,6 +1,6 @@
 """Slim run directories before committing them under results/cpu or results/gpu: what can be made
 again is removed, the records are gzipped, machine paths in logs become placeholders
-(harness/results_slim.py lists the rules; tests/test_results_index.py holds the committed tree to
+(tools/results_slim.py lists the rules; tests/test_results_index.py holds the committed tree to
 them). Then `python scripts/results_index.py` writes results/INDEX.md again.
 
     python scripts/slim_results.py results/gpu/2026-12-04-s20            # every rule
@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness.results_slim import RULES, slim, write_prompts  # noqa: E402
+from tools.results_slim import RULES, slim, write_prompts  # noqa: E402
 
 
 def main() -> int:

@@ -1,9 +1,9 @@
-"""The lossy strategies' report (harness/accuracy_report.py) on a frame as load_runs gives it."""
+"""The lossy strategies' report (harness/report/accuracy.py) on a frame as load_runs gives it."""
 
 import pandas as pd
 import pytest
 
-from harness.accuracy_report import accuracy_table, to_markdown
+from harness.report.accuracy import accuracy_table, to_markdown
 
 
 def run(strategy, prompt_len, bytes_p50, transfer_ms, codec=None, drop=0.0, model="tiny-llama", status="ok"):

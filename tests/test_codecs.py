@@ -11,8 +11,9 @@ import sys
 import pytest
 import torch
 
-from harness.accuracy import accuracy_cost, codec_fields
-from harness.verdict import judge
+from harness.records.accuracy import accuracy_cost, codec_fields
+from harness.records.transfer_records import digests_agree, merge_ranks
+from harness.records.verdict import judge
 from tests.conftest import ROOT, SLOW
 from tests.helpers.kv import layer_shape, make_kv
 from transfer_strategies.codecs import Codec, CodecParams, reconstruction_error
@@ -21,7 +22,7 @@ from transfer_strategies.digests import BlockDigests
 from transfer_strategies.faults import payload_checksum
 from transfer_strategies.fused_int4 import FusedInt4Connector
 from transfer_strategies.kv_blocks import KVBlocks
-from transfer_strategies.records import TransferRecord, digests_agree, merge_ranks
+from transfer_strategies.records import TransferRecord
 
 BLOCK, HEADS, HEAD_SIZE = 16, 2, 32
 CODECS = [("fp8", CodecParams()), ("int8", CodecParams()), ("int8", CodecParams("token")),

@@ -9,10 +9,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-import harness.benchmark as bench
-from harness.records import read_jsonl
-from harness.results import find_runs, load_requests, load_runs
-from harness.schema import SCHEMA_VERSION
+from harness.records.files import read_jsonl
+from harness.records.schema import SCHEMA_VERSION
+from harness.report import benchmark as bench
+from harness.report.load import find_runs, load_requests, load_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = [ROOT / "results" / "cpu", ROOT / "results" / "gpu"]

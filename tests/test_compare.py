@@ -1,4 +1,4 @@
-from harness.compare import compare_outputs
+from harness.records.compare import compare_outputs
 
 
 def test_equal_outputs_match():

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import harness.bench_compare as guard
-from harness.schema import SCHEMA_VERSION, RequestRow
-from harness.stats import p50_with_interval
+import harness.report.compare as guard
+from harness.records.schema import SCHEMA_VERSION, RequestRow
+from harness.records.stats import p50_with_interval
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -63,7 +63,7 @@ def without_comment(line: str) -> str:
 def readme_harness_commands() -> list[list[str]]:
     commands = []
     for line in readme_code_lines():
-        m = re.search(r"python -m harness(?![.\w])(.*)", line)  # not harness.router: below
+        m = re.search(r"python -m harness(?![.\w])(.*)", line)  # not harness.serving.router: below
         if m:
             commands.append([a for a in shlex.split(without_comment(m.group(1))) if a not in ("-m", "--multirun")])
     return commands
@@ -71,7 +71,7 @@ def readme_harness_commands() -> list[list[str]]:
 
 def readme_router_commands() -> list[list[str]]:
     return [shlex.split(without_comment(m.group(1))) for line in readme_code_lines()
-            if (m := re.search(r"python -m harness\.router\b(.*)", line))]
+            if (m := re.search(r"python -m harness\.serving\.router\b(.*)", line))]
 
 
 def test_every_readme_router_command_is_accepted():
@@ -84,14 +84,14 @@ def test_every_readme_router_command_is_accepted():
 
 
 def test_every_readme_deploy_command_composes_as_runner_serve_and_passes_the_checks():
-    """python -m harness.deploy: runner=serve's configuration (the entry point puts runner=serve
+    """python -m harness.serving.deploy: runner=serve's configuration (the entry point puts runner=serve
     first), its instance counts checked as deploy checks them; the test deployment of
     tests/test_serve_deployment.py runs the README's 2P1D one."""
     from harness.serving.serve import check_instances
     from tests.helpers.serving import DEPLOY
 
     commands = [shlex.split(without_comment(m.group(1))) for line in readme_code_lines()
-                if (m := re.search(r"python -m harness\.deploy\b(.*)", line))]
+                if (m := re.search(r"python -m harness\.serving\.deploy\b(.*)", line))]
     assert len(commands) >= 2 and list(DEPLOY) in commands
     for args in commands:
         cfg = compose_job(["runner=serve", *args])

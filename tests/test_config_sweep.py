@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from harness.sweep import SweepSummary
+from harness.report.sweep import SweepSummary
 
 # each case is a `python -m harness` process that imports vLLM: seconds each, minutes in all
 pytestmark = pytest.mark.slow

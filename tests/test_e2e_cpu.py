@@ -17,9 +17,9 @@ import psutil
 import pytest
 
 from harness.offline.engine_pool import POOL
+from harness.records.join import TIMELINE
+from harness.records.schema import OVERHEAD_PARTS
 from harness.resolvers import built_in_strategies
-from harness.schema import OVERHEAD_PARTS
-from harness.transfers import TIMELINE
 from tests.conftest import FULL, ROOT, cells, run_harness
 from tests.helpers.runs import BLOCK, EXTENDED, SHARED_PREFIX, edge_prompts, harness_on_edge_prompts
 

@@ -143,7 +143,7 @@ def test_tp_with_the_trained_8b_kv_geometry(strategy, p, d, results_dir):
                       f"device.decode_gpu={1 if gpus > 1 else 0}", device="cuda")
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
-    # bf16: a near tie may tip either way (harness/compare.py); every KV head must arrive bit for bit
+    # bf16: a near tie may tip either way (harness/records/compare.py); every KV head must arrive bit for bit
     assert s["status"] == "ok" and s["requests"] == 6 and s["mismatches"] == s["near_ties"]
     assert s["digest_checked"] == 6 and s["digest_failures"] == 0 and not s["kv_recomputed"]
     assert set(s["kv_blocks_in_use"].values()) == {0}

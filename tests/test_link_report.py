@@ -1,10 +1,10 @@
-"""The link report (harness/link_report.py) on a frame as load_runs gives it."""
+"""The link report (harness/report/link.py) on a frame as load_runs gives it."""
 
 import math
 
 import pandas as pd
 
-from harness.link_report import by_prompt_length, crossovers, link_table, to_markdown, winners
+from harness.report.link import by_prompt_length, crossovers, link_table, to_markdown, winners
 
 
 def run(strategy, rate, ttft, lo, hi, kind="veth", n=1024, transport=None):

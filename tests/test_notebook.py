@@ -1,4 +1,4 @@
-"""notebooks/analysis.ipynb runs top to bottom through harness.results and writes its figures,
+"""notebooks/analysis.ipynb runs top to bottom through harness.report.load and writes its figures,
 on the committed results alone: schema version 1 (CPU and GPU) up to the current one
 (results/gpu/2026-12-02-s15, whole run directories), so that it does not depend on which tests ran
 before it."""
@@ -10,7 +10,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from harness.schema import SCHEMA_VERSION
+from harness.records.schema import SCHEMA_VERSION
 from tests.conftest import ROOT
 
 FIGURES = ["ttft_and_transfer_vs_prompt_len.png", "gbps_vs_bytes.png", "ttft_overhead_parts.png",

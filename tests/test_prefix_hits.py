@@ -6,8 +6,9 @@ real KV caches, the real copy engine and the real digests."""
 
 import torch
 
+from harness.records.transfer_records import digests_agree
 from transfer_strategies.negative_control import corrupt_received
-from transfer_strategies.records import TransferRecord, digests_agree
+from transfer_strategies.records import TransferRecord
 from transfer_strategies.scheduler import TransferRequest
 from transfer_strategies.tp import Placement
 from transfer_strategies.worker import TransferWorker

@@ -7,8 +7,9 @@ import threading
 
 import torch
 
+from harness.records.transfer_records import TransferRecordReader
 from transfer_strategies.connector_config import HarnessSettings
-from transfer_strategies.records import RecordQueue, TransferRecord, TransferRecordReader, TransferRecordWriter
+from transfer_strategies.records import RecordQueue, TransferRecord, TransferRecordWriter
 from transfer_strategies.scheduler import Asked, TransferRequest
 from transfer_strategies.worker import TransferWorker
 

@@ -7,11 +7,13 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from harness import resolvers
-from harness.records import JsonlWriter, format_table, read_jsonl, summarize
+from harness.records.files import JsonlWriter, read_jsonl
+from harness.records.schema import SCHEMA_VERSION
+from harness.records.summary import summarize
+from harness.records.tables import format_run_table
+from harness.report.load import load_requests, load_runs
+from harness.report.sweep import format_rows, sweep_rows
 from harness.resolvers import built_in_strategies
-from harness.results import load_requests, load_runs
-from harness.schema import SCHEMA_VERSION
-from harness.sweep import format_rows, sweep_rows
 from harness.workload import Prompt, Workload, WorkloadError, jsonl, synthetic, text_prompts
 from tests.helpers.tokenizer import FakeTokenizer
 
@@ -40,7 +42,7 @@ def test_summary_counts_mismatches_and_digest_failures():
     assert s["gpu_ms_p50"] is None and s["gpu_ms_p50_lo"] is None  # not measured on the CPU
     assert s["schema_version"] == 1  # rows without schema_version are version 1
     assert summarize([{**r, "schema_version": SCHEMA_VERSION} for r in rows])["schema_version"] == SCHEMA_VERSION
-    table = format_table([{**rows[0], "prompt_idx": 0, "prompt_len": 5}], s).splitlines()
+    table = format_run_table([{**rows[0], "prompt_idx": 0, "prompt_len": 5}], s).splitlines()
     assert table[0].split()[:3] == ["#", "prompt", "out"] and table[1].split()[:3] == ["0", "5", "-"]
     assert "match 2/3  digest failures 1/2  ttft p50 20.0 ms" in table[-1]
 

@@ -1,7 +1,7 @@
 """The committed results stay navigable and lean: results/INDEX.md is what scripts/results_index.py
 writes, its headline figures point at run directories that exist and quote their documents, no
 run directory passes its size budget nor results/ its total, and nothing the slimming rules make
-again or leave out (harness/results_slim.py) is committed. Fast: no engines."""
+again or leave out (tools/results_slim.py) is committed. Fast: no engines."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import results_index
-from harness.records import read_jsonl
-from harness.results import load_requests, run_config
-from harness.results_slim import RULES, digests_fingerprint, leftovers, regenerated_prompts, slim
+from harness.records.files import read_jsonl
+from harness.report.load import load_requests, run_config
+from tools import results_index
+from tools.results_slim import RULES, digests_fingerprint, leftovers, regenerated_prompts, slim
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMITTED = [ROOT / "results" / "cpu", ROOT / "results" / "gpu"]

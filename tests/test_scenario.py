@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from harness import scenario
 from harness.checks import ConfigError, check_settings
+from harness.records import provoked
 from harness.workload import Prompt, Workload
 from tests.conftest import compose_config
 
@@ -64,7 +65,7 @@ def test_a_scenarios_values_are_checked_before_anything_starts(overrides, messag
 def test_provoked_rows_and_their_counts():
     rows = [{"fault": "drop", "error": "no KV arrived"}, {"fault": "flip", "kv_recomputed": True, "match": True},
             {"fault": "flip", "error": None, "match": False}, {"aborted": "decode"}, {"fault": None, "aborted": ""}]
-    assert [scenario.provoked(r) for r in rows] == [True, True, True, True, False]
-    assert scenario.fault_counts(rows) == {"faults_injected": 3, "faults_caught": 2, "faults_missed": 1}
-    assert scenario.aborted(rows) == 1 and scenario.provoked({"fault": float("nan")}) is False
+    assert [provoked.provoked(r) for r in rows] == [True, True, True, True, False]
+    assert provoked.fault_counts(rows) == {"faults_injected": 3, "faults_caught": 2, "faults_missed": 1}
+    assert provoked.aborted(rows) == 1 and provoked.provoked({"fault": float("nan")}) is False
     assert OmegaConf.to_container(compose_config("scenario=aborts_parked").scenario.aborts)["sides"] == ["decode"]

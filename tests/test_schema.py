@@ -8,8 +8,8 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness.offline.rows import disagg_row
-from harness.records import run_summary, summarize
-from harness.schema import (
+from harness.records.join import TIMELINE, TransferStats, path_parts, ttft_overhead_parts
+from harness.records.schema import (
     HANDOVER_PATH,
     OVERHEAD_PARTS,
     SCHEMA_VERSION,
@@ -19,11 +19,12 @@ from harness.schema import (
     ServeRow,
     field_names,
 )
-from harness.serving.serve_summary import LATENCIES, ROUTER_MARKS
-from harness.transfers import TIMELINE, TransferStats, path_parts, ttft_overhead_parts
+from harness.records.serve_summary import LATENCIES, ROUTER_MARKS
+from harness.records.summary import run_summary, summarize
+from harness.records.transfer_records import TransferRecordReader
 from harness.workload import Prompt
 from tests.helpers.serving import serve_rows, serve_summary_of
-from transfer_strategies.records import ComputeRecord, TransferRecord, TransferRecordReader, TransferRecordWriter
+from transfer_strategies.records import ComputeRecord, TransferRecord, TransferRecordWriter
 
 README = Path(__file__).resolve().parent.parent / "results" / "README.md"
 

@@ -22,9 +22,9 @@ import pytest
 import harness.__main__  # noqa: F401 - registers the config's resolvers
 from harness import process_group
 from harness.engine_config import free_port
-from harness.records import read_jsonl
-from harness.results import load_requests, load_runs
-from harness.schema import HANDOVER_PARTS
+from harness.records.files import read_jsonl
+from harness.records.schema import HANDOVER_PARTS
+from harness.report.load import load_requests, load_runs
 from harness.serving import arrivals
 from harness.serving.instances import InstanceDied, ServerProcess, serve_command
 from harness.serving.load import TIMED_OUT, LoadError, LoadSpec, arrival_schedule
@@ -104,7 +104,7 @@ def test_pools_pick_round_robin_or_the_least_busy_and_bad_settings_are_refused()
     assert "corrupt" not in plain.decode_body({}, "t", None)["kv_transfer_params"]
     assert corrupt.decode_body({}, "t", None)["kv_transfer_params"]["corrupt"] is True
     assert "corrupt" not in corrupt.prefill_body({}, "t")["kv_transfer_params"]
-    p = subprocess.run([sys.executable, "-m", "harness.router", "--prefill", "http://a", "--decode", "http://b",
+    p = subprocess.run([sys.executable, "-m", "harness.serving.router", "--prefill", "http://a", "--decode", "http://b",
                         "--handoff", "pull", "--decode-submit", "early"], cwd=ROOT, capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.startswith("error: a pull handoff")
 
@@ -219,9 +219,9 @@ def test_a_stream_that_came_in_bursts_is_flagged_and_counted():
     """vLLM merges a request's streamed outputs while its API server is behind: a stream whose
     tokens arrived together is flagged (ServeRow.coalesced), counted per path, and the summary
     says what that does to its TPOT and ITL."""
+    from harness.records.serve_summary import format_serve_summary
     from harness.serving.load import ClientResult
     from harness.serving.serve import row
-    from harness.serving.serve_summary import format_serve_summary
     from harness.workload import Prompt
     from tests.helpers.serving import serve_summary_of
 
@@ -554,7 +554,7 @@ def test_the_crosscheck_benchmark_runs_as_the_readme_shows(results_dir):
 ])
 def test_deploy_refuses_bad_input_with_one_line_and_exit_2_before_anything_starts(tmp_path, capsys, override,
                                                                                   message):
-    from harness.deploy import deploy
+    from harness.serving.deploy import deploy
 
     cfg = compose_config("runner=serve", "device=cpu", *override.split())
     assert deploy(cfg, tmp_path / "d") == 2

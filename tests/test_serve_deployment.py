@@ -1,7 +1,7 @@
 """Serving mode on CPU (issue 13), against one deployment the tests share, started as a user
-starts one (`python -m harness.deploy`): a colocated `vllm serve` instance behind a router, two
+starts one (`python -m harness.serving.deploy`): a colocated `vllm serve` instance behind a router, two
 prefill instances and two decode instances with this project's connector (2P2D: each prefill
-worker has a KV channel to each decode worker) behind the P/D router (`python -m harness.router`),
+worker has a KV channel to each decode worker) behind the P/D router (`python -m harness.serving.router`),
 left running for outside clients until Ctrl-C:
 its answers equal the colocated instance's, streamed or not, with the prefill's token streamed
 first or not, every transfer's digests match, and no KV block stays held; `vllm bench serve`
@@ -25,8 +25,8 @@ import numpy as np
 import pytest
 
 from harness import process_group
-from harness.compare import compare_outputs
-from harness.records import read_jsonl
+from harness.records.compare import compare_outputs
+from harness.records.files import read_jsonl
 from harness.serving.instances import ServerProcess, router_process
 from harness.serving.load import ScheduledRequest, send_one
 from tests.conftest import ROOT, run_harness
@@ -39,7 +39,7 @@ MAX_TOKENS = 8
 
 
 class Deployed:
-    """A server `python -m harness.deploy` started (its entry in servers.json)."""
+    """A server `python -m harness.serving.deploy` started (its entry in servers.json)."""
 
     def __init__(self, name: str, entry: dict):
         self.name, self.url, self.pid = name, entry["url"], entry["pid"]
@@ -54,7 +54,7 @@ class Deployed:
 
 @pytest.fixture(scope="module")
 def deployment(results_dir):
-    """`python -m harness.deploy` as a user starts it: a colocated instance behind its router, two
+    """`python -m harness.serving.deploy` as a user starts it: a colocated instance behind its router, two
     prefill instances and two decode instances (fused, 2P2D) behind the P/D router; beside it a
     router of the test's own that streams the prefill's token first. Round robin on both sides
     pairs prefill i with decode i, request after request: the test's router lists the prefill
@@ -64,8 +64,8 @@ def deployment(results_dir):
     run_dir = results_dir / "serve-fused"
     shutil.rmtree(run_dir, ignore_errors=True)
     shm_before = set(os.listdir("/dev/shm"))
-    cmd = [sys.executable, "-m", "harness.deploy", f"hydra.run.dir={run_dir}", "device=cpu", "engine.max_model_len=512",
-           "engine.kv_cache_gib=0.25", *DEPLOY]
+    cmd = [sys.executable, "-m", "harness.serving.deploy", f"hydra.run.dir={run_dir}", "device=cpu",
+           "engine.max_model_len=512", "engine.kv_cache_gib=0.25", *DEPLOY]
     out = open(results_dir / "serve-fused.deploy.log", "w")  # noqa: SIM115 (open while the deployment runs)
     # started with SIGINT ignored, as a background job of a non-interactive shell starts it: the
     # last test's Ctrl-C must stop it all the same
@@ -410,7 +410,7 @@ def test_conversations_are_served_turn_after_turn(deployment, results_dir):
 
 @pytest.mark.engine
 def test_ctrl_c_stops_the_deployment_with_every_process_group(deployment):
-    """Last of the deployment's tests: Ctrl-C on `python -m harness.deploy` stops every instance
+    """Last of the deployment's tests: Ctrl-C on `python -m harness.serving.deploy` stops every instance
     (its API server and engine core) and router, leaves no shared-memory segment, exits 0."""
     d = deployment
     assert len(process_group.members(d["decode0"].pid)) >= 2  # the API server and its engine core

@@ -1,9 +1,9 @@
-"""harness/stats.py: percentiles, the p50's bootstrap interval, the one table formatter."""
+"""harness/records/stats.py: percentiles, the p50's bootstrap interval, the one table formatter."""
 
 import numpy as np
 import pytest
 
-from harness.stats import Column, format_table, mean_interval, p50_interval, p50_with_interval, percentile
+from harness.records.stats import Column, format_table, mean_interval, p50_interval, p50_with_interval, percentile
 
 
 def test_percentile_interpolates_and_skips_what_was_not_measured():

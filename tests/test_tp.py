@@ -8,13 +8,14 @@ import os
 import pytest
 import torch
 
+from harness.records.transfer_records import digests_agree, merge_ranks
 from tests.conftest import SLOW
 from transfer_strategies.codecs import Codec
 from transfer_strategies.connector_config import TransportSettings
 from transfer_strategies.digests import BlockDigests
 from transfer_strategies.head_shards import HeadJoinReceiver, ShardedSender, open_sharded, use_codec
 from transfer_strategies.kv_blocks import KVBlocks
-from transfer_strategies.records import TransferRecord, digests_agree, merge_ranks
+from transfer_strategies.records import TransferRecord
 from transfer_strategies.tp import Placement, degree_problem, heads_of, shares
 from transfer_strategies.transport import open_channel, remove_leftovers
 from transfer_strategies.transport.fan_out import FanOut

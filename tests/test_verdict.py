@@ -1,6 +1,6 @@
-"""One set of rules decides a run's status for both runners (harness/verdict.py)."""
+"""One set of rules decides a run's status for both runners (harness/records/verdict.py)."""
 
-from harness.verdict import judge
+from harness.records.verdict import judge
 from tests.helpers.serving import serve_rows, serve_summary_of
 
 CLEAN = {"transfer_errors": 0, "digest_failures": 0, "digest_checked": 4, "mismatches": 0, "near_ties": 0,

@@ -1,10 +1,10 @@
 """workload=corpus: prompts cut from the models' training text with its own continuation as the
-reference, and the task score that compares an output with it (harness/accuracy.py)."""
+reference, and the task score that compares an output with it (harness/records/accuracy.py)."""
 
 import pytest
 
-from harness.accuracy import task_score
 from harness.checks import load_tokenizer
+from harness.records.accuracy import task_score
 from harness.workload import WorkloadError, build_workload
 from tests.conftest import ROOT
 from tests.helpers.config import compose_job

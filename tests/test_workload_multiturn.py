@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 
 import harness.offline.pipeline
 from harness.offline.pipeline import pipeline
-from harness.records import prefix_hit_lines, summarize
+from harness.records.summary import summarize
+from harness.records.tables import prefix_hit_lines
 from harness.workload import WorkloadError, multiturn, warmup_workload
 from tests.helpers.config import compose_job
 from tests.helpers.tokenizer import FakeTokenizer

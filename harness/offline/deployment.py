@@ -19,9 +19,9 @@ from harness.engine_process import EngineDied, EngineProcess, wait_ready
 from harness.link import VethLink
 from harness.offline.engine_pool import EnginePool, engine_key
 from harness.offline.pipeline import pipeline
-from harness.records import write_json
+from harness.records.files import write_json
+from harness.records.join import TransferStats
 from harness.scenario import Abort, fault_for
-from harness.transfers import TransferStats
 from harness.workload import Prompt, Workload
 from transfer_strategies.kv_transfer_params import push_params
 from transfer_strategies.transport import remove_leftovers

@@ -1,6 +1,6 @@
 """The offline runner's rows, written as each prompt finishes so that a run stopped halfway keeps
 what it measured: the baseline's (baseline.jsonl, baseline_repeat.jsonl: schema.BaselineRow) and the
-P/D path's (requests.jsonl: schema.RequestRow, with both sides' transfer records, harness/transfers.py)."""
+P/D path's (requests.jsonl: schema.RequestRow, with both sides' transfer records, harness/records/join.py)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,12 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from harness.accuracy import codec_fields, task_score
 from harness.checks import decode_submit
-from harness.compare import compare_outputs
-from harness.records import JsonlWriter
-from harness.schema import BaselineRow, RequestRow
-from harness.transfers import TransferStats, compute_fields, timeline, ttft_overhead_parts
+from harness.records.accuracy import codec_fields, task_score
+from harness.records.compare import compare_outputs
+from harness.records.files import JsonlWriter
+from harness.records.join import TransferStats, compute_fields, timeline, ttft_overhead_parts
+from harness.records.schema import BaselineRow, RequestRow
 from harness.workload import Prompt
 
 

@@ -1,6 +1,6 @@
 """runner=offline, one harness run: the baseline engine, then the prefill and decode engines
 (offline/deployment.py), every prompt through both paths (offline/pipeline.py), each P/D output
-compared with the baseline's (offline/rows.py), the whole judged (harness/verdict.py) and recorded.
+compared with the baseline's (offline/rows.py), the whole judged (harness/records/verdict.py) and recorded.
 
 Everything that can be wrong with the config is checked before any engine starts
 (harness/checks.py). Engines are stopped in `finally`, whatever happened.
@@ -24,9 +24,13 @@ from harness.link import apply as apply_link
 from harness.offline.deployment import OfflineDeployment
 from harness.offline.engine_pool import POOL
 from harness.offline.rows import RunRows
-from harness.records import JsonlWriter, ended_early, format_table, run_summary, summarize, versions, write_json
+from harness.records.files import JsonlWriter, write_json
+from harness.records.meta import versions
+from harness.records.provoked import provoked
+from harness.records.summary import run_summary, summarize
+from harness.records.tables import format_run_table
+from harness.records.verdict import ended_early, judge
 from harness.tracking import track
-from harness.verdict import judge
 from harness.workload import Workload, WorkloadError, warmup_workload
 
 
@@ -179,8 +183,8 @@ def judged(cfg: DictConfig, summary: dict, rows: list[dict], kv_in_use: dict, tr
     leaked.update({n: h for n, h in transfer_held.items() if h and any(h.values())})
     # a scenario's faulted transfers and aborted requests are judged apart (faults: each must
     # have been caught; aborts: nothing they held may stay held, checked below)
-    provoked = [r for r in rows if scenario.provoked(r)]
-    counted = summarize([r for r in rows if r not in provoked]) if provoked else summary
+    provoked_rows = [r for r in rows if provoked(r)]
+    counted = summarize([r for r in rows if r not in provoked_rows]) if provoked_rows else summary
     first = next((r["error"] for r in rows if r.get("error") and not r.get("fault")), None)
     lossy = bool(summary.get("codec") or summary.get("kv_cache_dtype"))
     if lossy:  # outputs that differ are the compression's, not KV used wrongly
@@ -200,5 +204,5 @@ def record(cfg: DictConfig, run_dir: Path, run_id: str, summary: dict, rows: lis
     """summary.json, the table of the P/D rows, and the tracker's copy of both (cfg.tracking)."""
     write_json(run_dir / "summary.json", summary)
     if rows:
-        print(format_table(rows, summary))
+        print(format_run_table(rows, summary))
     track(cfg, run_dir, run_id, summary, rows, failed=code != 0)

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from harness import process_group
 from harness.checks import decode_submit, tp_degree
 from harness.engine_config import engine_args, engine_env, free_port, pulls, transfer_config
-from harness.records import write_json
+from harness.records.files import write_json
 from harness.serving.instances import InstanceDied, ServerProcess, router_process, vllm_instance
 from transfer_strategies.transport import remove_leftovers
 
@@ -55,7 +55,7 @@ class ServingDeployment:
     one a request's decode half went to; vLLM's pull connector takes any shape."""
 
     def __init__(self, cfg: DictConfig, device: str, run_dir: Path, baseline: bool = True):
-        """baseline: also the colocated instances and their router (python -m harness.deploy may go without)."""
+        """baseline: also the colocated instances and their router (python -m harness.serving.deploy may go without)."""
         self.cfg, self.run_dir = cfg, run_dir
         self.servers: dict[str, ServerProcess] = {}
         self.semaphores_before = process_group.semaphores()

@@ -30,9 +30,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from harness import process_group
+from harness import PROJECT_ROOT, process_group
 from harness.engine_config import free_port
-from harness.records import PROJECT_ROOT
 
 # engine_args keys that are not vllm serve flags, or that serving must not take as they are
 _NOT_FLAGS = {"model", "disable_log_stats"}  # model is positional; stats feed /metrics (KV usage)
@@ -186,11 +185,11 @@ def vllm_instance(name: str, args: dict, env: dict, log_path: Path) -> ServerPro
 
 
 def router_process(name: str, prefill: list[str], decode: list[str], log_path: Path, *options: str) -> ServerProcess:
-    """`python -m harness.router` in front of the instances at these URLs (no prefill: a plain
+    """`python -m harness.serving.router` in front of the instances at these URLs (no prefill: a plain
     load balancer over `decode`, for colocated instances)."""
     upstream = [a for url in prefill for a in ("--prefill", url)] + [a for url in decode for a in ("--decode", url)]
-    return ServerProcess(name, lambda port: [sys.executable, "-m", "harness.router", "--port", str(port), *options,
-                                             *upstream], {"PYTHONPATH": str(PROJECT_ROOT)}, log_path)
+    return ServerProcess(name, lambda port: [sys.executable, "-m", "harness.serving.router", "--port", str(port),
+                                             *options, *upstream], {"PYTHONPATH": str(PROJECT_ROOT)}, log_path)
 
 
 @contextlib.contextmanager

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import aiohttp
 import numpy as np
 
+from harness.records.serve_summary import TIMED_OUT
 from harness.serving.arrivals import ArrivalError, poisson
 
 
@@ -134,9 +135,6 @@ def arrival_schedule(spec: LoadSpec, prompts: list[list[int]]) -> list[Scheduled
             for i, (a, c) in enumerate(zip(times, cancels, strict=True))]
 
 
-TIMED_OUT = "timed out (run.request_timeout_s)"
-
-
 @dataclass
 class ClientResult:
     """One request as the client saw it; times in seconds on time.monotonic()."""
@@ -175,7 +173,7 @@ def top_ids(top_logprobs: dict[str, float] | None) -> list[int]:
 
 async def send_one(session: aiohttp.ClientSession, url: str, model: str, req: ScheduledRequest, max_tokens: int,
                    request_id: str, t_start: float, logprobs: int = 2) -> ClientResult:
-    """logprobs: top-k per token (k >= 2 tells a near tie from a mismatch, harness/compare.py)."""
+    """logprobs: top-k per token (k >= 2 tells a near tie from a mismatch, harness/records/compare.py)."""
     body = {"model": model, "prompt": req.token_ids, "max_tokens": max_tokens, "temperature": 0.0,
             "ignore_eos": True, "stream": True, "logprobs": logprobs, "return_token_ids": True,
             "return_tokens_as_token_ids": True}

@@ -1,7 +1,7 @@
 """A small async HTTP router in front of prefill and decode `vllm serve` instances (issue 13):
 the kind a user deploys to try disaggregated serving, usable on its own.
 
-    python -m harness.router --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200 --port 8000
+    python -m harness.serving.router --prefill http://127.0.0.1:8100 --decode http://127.0.0.1:8200 --port 8000
 
 Each completion request goes to a prefill instance with max_tokens=1 and to a decode instance,
 whose answer (streamed or whole) goes back to the client. How the KV gets from one to the other
@@ -359,7 +359,7 @@ class Router:
 
 
 def argument_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m harness.router", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m harness.serving.router", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--prefill", action="append", default=[], metavar="URL",
                     help="a prefill instance (repeat); none: a plain load balancer over the --decode instances")

@@ -15,7 +15,7 @@ that is already running (no transfer records there).
 
 Every request of every path is checked: its output token ids against the baseline's for the
 same request, and on the P/D path the connectors' digests of its KV. Records: meta.json,
-baseline.jsonl and requests.jsonl (schema.ServeRow), summary.json (serving/serve_summary.py).
+baseline.jsonl and requests.jsonl (schema.ServeRow), summary.json (records/serve_summary.py).
 Exit codes as the offline runner's: 0, 1 (outputs differ beyond the baseline's own noise, a
 digest or transfer failure, KV left held), 2 bad input, 3 an instance died, 130 interrupted.
 """
@@ -39,20 +39,22 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from harness import scenario
-from harness.accuracy import codec_fields, task_score
-from harness.checks import ConfigError, checked_inputs, decode_submit
-from harness.compare import compare_outputs
+from harness.checks import ConfigError, checked_inputs, decode_submit, stored_kv_dtype
 from harness.engine_config import pulls, tp_degrees
-from harness.records import JsonlWriter, ended_early, read_jsonl, versions, write_json
-from harness.schema import HANDOVER_PATH, ServeRow
+from harness.records.accuracy import codec_fields, task_score
+from harness.records.compare import compare_outputs
+from harness.records.files import JsonlWriter, read_jsonl, write_json
+from harness.records.join import TransferStats, compute_fields, path_parts, record_stamps
+from harness.records.meta import versions
+from harness.records.schema import HANDOVER_PATH, ServeRow
+from harness.records.serve_summary import coalesced, format_serve_summary, serve_summary
+from harness.records.verdict import ended_early
 from harness.serving.arrivals import build as build_arrivals
 from harness.serving.deployment import ServingDeployment, instance_counts
 from harness.serving.instances import InstanceDied
 from harness.serving.load import ClientResult, LoadError, LoadSpec, ScheduledRequest, arrival_schedule, send_all
 from harness.serving.router import POLICIES
-from harness.serving.serve_summary import coalesced, format_serve_summary, serve_summary
 from harness.tracking import track
-from harness.transfers import TransferStats, compute_fields, path_parts, record_stamps
 from harness.workload import ANY_VOCAB, Prompt, Workload, WorkloadError, warmup_workload
 
 
@@ -95,7 +97,7 @@ def check_serve_inputs(cfg: DictConfig) -> None:
 
 
 def check_instances(cfg: DictConfig) -> None:
-    """Each side's instance count and the routers' policies (runner=serve and python -m harness.deploy)."""
+    """Each side's instance count and the routers' policies (runner=serve and python -m harness.serving.deploy)."""
     for key in ("policy", "prefill_policy"):
         v = cfg.serve.get(key)
         if not (v in POLICIES or key == "prefill_policy" and v is None):
@@ -182,6 +184,21 @@ def scenario_schedule(cfg: DictConfig, schedule: list[ScheduledRequest], workloa
                                 abort_after_s=abandon[i]) for i, r in enumerate(schedule)]
 
 
+def run_facts(cfg: DictConfig, run_id: str, device: str, external: bool) -> dict:
+    """What the run was, as summary.json states it (harness/records/serve_summary.py)."""
+    trace = cfg.workload.get("_target_") == "harness.workload.trace"
+    return {"run_id": run_id, "strategy": cfg.strategy.name, "model": cfg.model.name, "workload": cfg.workload.name,
+            "device": device, "external_endpoints": external, "request_rate": float(cfg.serve.request_rate),
+            "arrivals": cfg.arrivals.name,
+            "trace": {"path": cfg.workload.path, "time_scale": cfg.workload.time_scale} if trace else None,
+            "ramp_up": None if cfg.serve.ramp_up is None else {
+                "strategy": cfg.serve.ramp_up, "start_rps": cfg.serve.ramp_up_start_rps,
+                "end_rps": cfg.serve.ramp_up_end_rps},
+            "max_concurrency": cfg.serve.max_concurrency, "instances": None if external else instance_counts(cfg),
+            "slo": {"ttft_ms": cfg.slo.ttft_ms, "tpot_ms": cfg.slo.tpot_ms}, "kv_cache_dtype": stored_kv_dtype(cfg),
+            "coalesced_gap_ms": cfg.serve.coalesced_gap_ms}
+
+
 def served_model(cfg: DictConfig) -> str:
     return cfg.serve.model_name or str(cfg.model.path)
 
@@ -241,7 +258,7 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, ba
 def handover(cfg, r: ClientResult, send, recv) -> dict[str, float] | None:
     """The P/D request's time to the decode instance's first token at the client, cut along
     HANDOVER_PATH on one clock: the client's, the router's `routed` stamp and the connectors'
-    records (harness/transfers.py path_parts). None where a stamp is missing (vLLM's connectors,
+    records (harness/records/join.py path_parts). None where a stamp is missing (vLLM's connectors,
     endpoints not through the project's router) or where the KV did not gate the first token."""
     first = r.t_decode_token if r.t_decode_token is not None else None if cfg.serve.stream_prefill_token else r.t_first
     if r.t_origin is None or r.t_routed is None or first is None:
@@ -415,8 +432,11 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             probe_out.close()
 
     timings["total_s"] = time.monotonic() - t_run
-    summary = serve_summary(run_dir, cfg, status=status, error=error, run_id=run_id, device=device,
-                            timings=timings, kv_usage=kv_usage, external=deployment.external)
+    summary = serve_summary(run_dir, run_facts(cfg, run_id, device, deployment.external), status=status, error=error,
+                            timings=timings, kv_usage=kv_usage, repeats=cfg.serve.repeats,
+                            probe_interval_s=cfg.serve.probes.interval_s,
+                            expect_recompute=bool(cfg.scenario.get("expect_recompute")),
+                            max_accuracy_drop=cfg.check.get("max_accuracy_drop"))
     if status == "ok":
         status, code, error = summary["status"], summary["exit_code"], summary["error"]
         if error:

@@ -1,6 +1,6 @@
 """Serving without instances: the config `python -m harness` composes on CPU for a serving
 instance's small KV cache, resolved, and request rows of a serving run with the summary
-harness/serving/serve_summary.py makes of them."""
+harness/records/serve_summary.py makes of them."""
 
 import json
 import tempfile
@@ -9,8 +9,9 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from harness.schema import ServeRow, field_names
-from harness.serving.serve_summary import serve_summary
+from harness.records.schema import ServeRow, field_names
+from harness.records.serve_summary import serve_summary
+from harness.serving.serve import run_facts
 from tests.conftest import ROOT
 
 
@@ -30,8 +31,9 @@ def serve_summary_of(rows: list[dict]) -> dict:
         (d / "baseline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["path"] != "disagg"))
         cfg = config("runner=serve", "strategy=fused", "serve.request_rate=4.0", "serve.max_concurrency=null",
                      "slo.ttft_ms=null", "slo.tpot_ms=null")
-        return serve_summary(d, cfg, status="ok", error=None, run_id="r", device="cpu", timings={},
-                             kv_usage={"prefill": 0.0, "decode": 0.0}, external=False)
+        return serve_summary(d, run_facts(cfg, "r", "cpu", external=False), status="ok", error=None, timings={},
+                             kv_usage={"prefill": 0.0, "decode": 0.0}, repeats=cfg.serve.repeats,
+                             probe_interval_s=cfg.serve.probes.interval_s)
 
 
 def serve_rows(n: int = 3) -> list[dict]:
@@ -44,5 +46,5 @@ def serve_rows(n: int = 3) -> list[dict]:
             for path in ("disagg", "baseline", "baseline_repeat") for i in range(n)]
 
 
-# the shared test deployment (tests/test_serve_deployment.py), one of the README's harness.deploy commands
+# the shared test deployment (tests/test_serve_deployment.py), one of the README's harness.serving.deploy commands
 DEPLOY = ("strategy=fused", "serve.prefill_instances=2", "serve.decode_instances=2", "serve.deploy_baseline=true")

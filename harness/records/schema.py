@@ -1,5 +1,5 @@
 """The rows a run writes, defined once: the writer (harness/offline/rows.py), the pandas loader
-(harness/results.py) and the test of results/README.md all use these classes.
+(harness/report/load.py) and the test of results/README.md all use these classes.
 
     baseline.jsonl   BaselineRow, one per prompt of the colocated engine
     requests.jsonl   RequestRow, one per prompt of the disaggregated run
@@ -16,10 +16,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from transfer_strategies.records import SCHEMA_VERSION, UNVERSIONED, TransferRecord
-
-__all__ = ["SCHEMA_VERSION", "UNVERSIONED", "BaselineRow", "RequestRow", "ServeRow", "TransferRecord",
-           "SUMMARY_METRICS", "CRITICAL_PATH", "OVERHEAD_PARTS", "field_names"]
+# The version of the harness's rows and summaries (schema_version in each); the connectors' records
+# have their own (transfer_strategies/records.py RECORD_VERSION), the same number up to 16.
+SCHEMA_VERSION = 16
+UNVERSIONED = 1  # what a row without schema_version is
 
 
 @dataclass
@@ -51,11 +51,11 @@ class RequestRow:
     output_len: int
     conversation: int | None  # workload=multiturn: the conversation and its turn (from 0); None elsewhere
     turn: int | None
-    # the decode output against the baseline's (harness/compare.py)
+    # the decode output against the baseline's (harness/records/compare.py)
     match: bool
     first_divergence: int | None
     max_logprob_diff: float | None
-    near_tie: bool | None  # a mismatch at a near tie (harness/compare.py); None: they match, or top-k unknown
+    near_tie: bool | None  # a mismatch at a near tie (harness/records/compare.py); None: they match, or top-k unknown
     prefill_token_match: bool
     digest_match: bool | None  # None: no digests (vLLM's own connectors, verify off)
     error: str | None  # why the KV was not loaded, or the decode engine failed the request
@@ -85,7 +85,7 @@ class RequestRow:
     ready_ms: float | None
     notify_ms: float | None
     gbps: float | None
-    # the timeline: ms since the prefill request was submitted (harness/transfers.py TIMELINE)
+    # the timeline: ms since the prefill request was submitted (harness/records/join.py TIMELINE)
     t_prefill_admitted_ms: float | None
     t_forward_done_ms: float | None
     t_sent_ms: float | None
@@ -98,7 +98,7 @@ class RequestRow:
     t_decode_scheduled_ms: float | None
     t_prefill_token_ms: float | None
     t_first_token_ms: float | None
-    # ttft_overhead_ms cut into parts that add up to it (harness/transfers.py ttft_overhead_parts)
+    # ttft_overhead_ms cut into parts that add up to it (harness/records/join.py ttft_overhead_parts)
     overhead_prefill_ms: float | None
     overhead_send_ms: float | None
     overhead_delivery_ms: float | None
@@ -117,7 +117,7 @@ class RequestRow:
     aborted: str | None  # which of its requests the harness aborted (scenario.aborts): prefill, decode, prefill+decode
     token_ids: list[int]
     base_token_ids: list[int]
-    # a lossy strategy's (from version 12; None for a lossless one): harness/accuracy.py codec_fields
+    # a lossy strategy's (from version 12; None for a lossless one): harness/records/accuracy.py codec_fields
     codec: str | None = None
     codec_encode_ms: float | None = None  # the sender compressing (after its gather)
     codec_decode_ms: float | None = None  # the receiver reconstructing (before its scatter)
@@ -129,7 +129,7 @@ class RequestRow:
     # hooks for this request, summed over layers (the send record's)
     hook_ms: float | None = None
     # workload=corpus (from version 12): the share of output tokens equal to the text's continuation,
-    # of this output and of the baseline's (harness/accuracy.py task_score)
+    # of this output and of the baseline's (harness/records/accuracy.py task_score)
     task_score: float | None = None
     base_task_score: float | None = None
     schema_version: int = SCHEMA_VERSION
@@ -228,14 +228,14 @@ SUMMARY_METRICS = ["base_ttft_ms", "base_e2e_ms", "ttft_ms", "prefill_ttft_ms", 
                    "prefill_ttft_overhead_ms", "transfer_ms", "kv_ms", "after_forward_ms", "gpu_ms", "notify_ms",
                    "send_ms", "load_ms", "bytes", "messages", "gbps", "codec_encode_ms", "codec_decode_ms", "hook_ms"]
 # The TTFT overhead's parts along the KV's critical path, each with the timeline event that ends it
-# (harness/transfers.py ttft_overhead_parts); rows hold them as overhead_<part>_ms, and summary.json
+# (harness/records/join.py ttft_overhead_parts); rows hold them as overhead_<part>_ms, and summary.json
 # gives their means (which add up to the mean overhead)
 CRITICAL_PATH = (("prefill", "forward_done"), ("send", "sent"), ("delivery", "kv_arrived"), ("pickup", "load_start"),
                  ("scatter", "kv_ready"), ("check", "kv_checked"), ("decode", "first_token"))
 OVERHEAD_PARTS = [f"overhead_{part}_ms" for part, _ in CRITICAL_PATH]
 # runner=serve's handover: the P/D path's time to the decode instance's first token at the client,
 # cut along the same path with the router and the prefill instance's queue before the forward pass
-# (harness/transfers.py path_parts); rows hold them as handover_<part>_ms, summary.json their means
+# (harness/records/join.py path_parts); rows hold them as handover_<part>_ms, summary.json their means
 HANDOVER_PATH = (("router", "routed"), ("prefill_queue", "prefill_admitted"), *CRITICAL_PATH)
 HANDOVER_PARTS = [f"handover_{part}_ms" for part, _ in HANDOVER_PATH]
 

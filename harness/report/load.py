@@ -1,6 +1,6 @@
 """Load any set of run directories into pandas (results/README.md lists the columns).
 
-    from harness.results import load_requests, load_runs
+    from harness.report.load import load_requests, load_runs
     df = load_requests("results/runs", "results/sweeps")   # one row per request per run
     runs = load_runs("results/cpu")                          # one row per run
 
@@ -17,8 +17,8 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import OmegaConf
 
-from harness.records import read_jsonl
-from harness.schema import UNVERSIONED, RequestRow, ServeRow, field_names
+from harness.records.files import read_jsonl
+from harness.records.schema import UNVERSIONED, RequestRow, ServeRow, field_names
 
 VERSION_COLUMNS = ["vllm", "torch", "python", "device_name", "git_sha"]
 RUN_FILES = ("summary.json", "requests.jsonl", "requests.jsonl.gz")

@@ -20,7 +20,7 @@ tree free of them):
                 whose verdict requests.jsonl keeps (digest_match): replaced by one fingerprint
                 (`digests_sha256`, the SHA-256 of the digests as JSON with sorted keys, first 16
                 hex digits), so two records' digests can still be told equal or not
-    gzip        every *.jsonl is kept as *.jsonl.gz (harness.records.read_jsonl reads either)
+    gzip        every *.jsonl is kept as *.jsonl.gz (harness.records.files.read_jsonl reads either)
     log_paths   absolute paths of the machine a run ran on, in its logs (*.log, *.log.gz,
                 *.out.gz), written as placeholders: <venv>/ (a virtualenv), <repo>/ (the
                 checkout under /work), <tmp>/, <home>/, <opt>/
@@ -58,7 +58,7 @@ def _files(root: Path) -> list[Path]:
 
 
 def _runs_under(d: Path) -> list[Path]:
-    from harness.results import find_runs
+    from harness.report.load import find_runs
     return find_runs(d)
 
 
@@ -68,8 +68,8 @@ def bench_shape(bench: Path) -> tuple[list[int], int] | None:
     """(bench.lengths, bench.per_length) of the benchmark in `bench`: from its runs' meta.json
     (every run the same), else from their requests (prompt_len by prompt_idx: each length in turn,
     per_length times, as scripts/bench_strategies.py makes them); None when they say neither."""
-    from harness.records import read_jsonl
-    from harness.results import _meta
+    from harness.records.files import read_jsonl
+    from harness.report.load import _meta
 
     runs = _runs_under(bench)
     shapes = {json.dumps([b.get("lengths"), b.get("per_length")])
@@ -131,14 +131,14 @@ def hydra_extras(run: Path) -> dict:
 
 
 def _hydra_droppable(run: Path) -> bool:
-    from harness.results import _meta
+    from harness.report.load import _meta
     return bool(_meta(run).get("config"))
 
 
 def drop_hydra(run: Path) -> None:
     """Move .hydra/'s overrides and choices into meta.json and remove .hydra/, checking that the
     loader's config of the run is the same after."""
-    from harness.results import _meta, run_config
+    from harness.report.load import _meta, run_config
 
     before = run_config(run)
     meta = _meta(run)
@@ -153,7 +153,7 @@ def drop_hydra(run: Path) -> None:
         backup.rename(run / ".hydra")
         raise ValueError(f"{run}: the config differs without .hydra/: kept")
     ending = "\n" if (run / "meta.json").read_text().endswith("\n") else ""
-    (run / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + ending)  # as harness.records.write_json
+    (run / "meta.json").write_text(json.dumps(meta, indent=2, default=str) + ending)  # as records.files.write_json
     shutil.rmtree(backup)
 
 

@@ -1,24 +1,29 @@
 """A finished run's status from what it counted: the same rules, in the same order, for both
-runners (harness/offline/run.py, harness/serving/serve_summary.py for runner=serve), so that a status
+runners (harness/offline/run.py, harness/records/serve_summary.py for runner=serve), so that a status
 means one thing whichever runner wrote it. The first rule that holds decides:
 
     transfer_failed  a request's KV was not loaded (a transfer error)
     mismatch         a block's digests differ, or more outputs differ from the baseline's than
                      the baseline's own second pass differs from its first (greedy decoding's
-                     noise), near ties not counted (harness/compare.py); a lossy strategy's
+                     noise), near ties not counted (harness/records/compare.py); a lossy strategy's
                      outputs may differ (its digests judge the transport: codecs.py)
     accuracy_drop    the exact-match rate fell more than check.max_accuracy_drop below the
-                     baseline's own rerun's (harness/accuracy.py; any strategy, when set)
+                     baseline's own rerun's (harness/records/accuracy.py; any strategy, when set)
     kv_recomputed    a decode engine computed a prompt it was sent, not preempted (unless the
                      scenario expects it)
     fault_missed     an injected transport fault went unseen (scenarios)
     kv_leak          KV blocks or transfers still held after every request ended
     requests_failed  a request failed other than by its time limit (runner=serve)
+
+A run that ends before its passes do is engine_failed (exit 3) or interrupted (130): ended_early.
 """
 
 from __future__ import annotations
 
-from harness.records import unexplained_recomputes
+import sys
+from pathlib import Path
+
+from harness.records.summary import unexplained_recomputes
 
 
 def judge(counts: dict, *, noise: int, expect_recompute: bool = False, first_transfer_error: str | None = None,
@@ -60,3 +65,13 @@ def judge(counts: dict, *, noise: int, expect_recompute: bool = False, first_tra
     if failed_requests:
         return "requests_failed", f"{len(failed_requests)} request(s) failed, e.g. {failed_requests[0]}"
     return "ok", None
+
+
+def ended_early(e: BaseException, run_dir: Path) -> tuple[str, int, str]:
+    """(status, exit code, error) of a run that an engine's or instance's death (exit 3) or the
+    user (Ctrl-C, exit 130) ended; says so, and where the records written so far are."""
+    if isinstance(e, KeyboardInterrupt):
+        print(f"\ninterrupted; records written so far are in {run_dir}", file=sys.stderr)
+        return "interrupted", 130, "interrupted"
+    print(f"\nerror: {e}\nRecords written so far are in {run_dir}", file=sys.stderr)
+    return "engine_failed", 3, str(e)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.stats import p50_with_interval
+from harness.records.stats import p50_with_interval
 
 KEYS = ["model", "device", "prompt_len", "link"]
 COLUMNS = ["model", "device", "prompt_len", "link", "link_ceiling_gbit", "strategy", "transport", "requests",

@@ -1,7 +1,7 @@
-"""python -m harness.deploy [overrides]: a P/D deployment left running for any OpenAI client.
+"""python -m harness.serving.deploy [overrides]: a P/D deployment left running for any OpenAI client.
 
-    python -m harness.deploy strategy=fused                       # prefill + decode behind the router
-    python -m harness.deploy strategy=layerwise serve.prefill_instances=2 serve.deploy_baseline=true
+    python -m harness.serving.deploy strategy=fused                       # prefill + decode behind the router
+    python -m harness.serving.deploy strategy=layerwise serve.prefill_instances=2 serve.deploy_baseline=true
 
 The same instances, engine arguments, connector configuration and router as runner=serve (whose
 settings it takes: `serve.*`, `engine*`, `model`, `device`, `link`, ...), started, then left
@@ -25,9 +25,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from harness import PROJECT_ROOT
 from harness.__main__ import stop_on_signals  # also the entry point's logging and resolvers
 from harness.checks import ConfigError, checked_inputs
-from harness.records import PROJECT_ROOT, write_json
+from harness.records.files import write_json
 from harness.serving.deployment import ServingDeployment
 from harness.serving.instances import InstanceDied
 from harness.serving.load import LoadError
@@ -39,11 +40,11 @@ def deploy(cfg: DictConfig, run_dir: Path) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     try:
         if cfg.runner.name != "serve":
-            raise ConfigError(f"python -m harness.deploy starts runner=serve's deployment, "
+            raise ConfigError(f"python -m harness.serving.deploy starts runner=serve's deployment, "
                               f"got runner={cfg.runner.name}")
         check_instances(cfg)
         if cfg.serve.endpoints.baseline is not None or cfg.serve.endpoints.disagg is not None:
-            raise ConfigError("serve.endpoints: python -m harness.deploy starts a deployment; "
+            raise ConfigError("serve.endpoints: python -m harness.serving.deploy starts a deployment; "
                               "it has nothing to do with one that is already running")
         device, _ = checked_inputs(cfg)
     except (ConfigError, WorkloadError, LoadError) as e:

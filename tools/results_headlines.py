@@ -1,4 +1,4 @@
-"""The headline figures results/INDEX.md lists first (harness/results_index.py renders and checks
+"""The headline figures results/INDEX.md lists first (tools/results_index.py renders and checks
 them): each names its run directory (relative to results/) and the document that quotes it, with
 the quoted text, so that writing the index fails when either is gone. Kept by hand: add a line
 when a README starts quoting a figure, change it when the figure is measured again."""

@@ -22,7 +22,7 @@ falls more than that below the baseline's own rerun's:
 
 from __future__ import annotations
 
-from harness.stats import format_value
+from harness.records.stats import format_value
 
 ERROR_KEYS = ("max_abs", "mean_abs", "max_rel", "mean_rel")
 

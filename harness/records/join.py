@@ -7,16 +7,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from harness.schema import CRITICAL_PATH, OVERHEAD_PARTS
-from transfer_strategies.records import (
-    ComputeRecord,
-    TransferRecord,
-    TransferRecordReader,
-    compute_path,
-    digests_agree,
-    merge_ranks,
-    rank_path,
-)
+from harness.records.schema import CRITICAL_PATH, OVERHEAD_PARTS
+from harness.records.transfer_records import TransferRecordReader, digests_agree, merge_ranks
+from transfer_strategies.records import ComputeRecord, TransferRecord, compute_path, rank_path
 
 RECEIVE_WAIT_S = 30.0
 

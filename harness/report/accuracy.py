@@ -1,4 +1,4 @@
-"""The accuracy-cost report of lossy strategies: from run directories (harness.results.load_runs),
+"""The accuracy-cost report of lossy strategies: from run directories (harness.report.load.load_runs),
 one row per strategy and prompt length with what each moved, what it cost in outputs beside the
 baseline's own noise, and its time beside fused's at the same length; and the figure of accuracy
 cost against bytes saved. scripts/lossy_report.py and notebooks/analysis.ipynb draw it.

@@ -9,14 +9,14 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from harness.stats import Column, format_table
+from harness.records.stats import Column, format_table
 
 # p50s with their bootstrap interval (summary.json's _lo/_hi): the jobs are compared
 COLUMNS = [Column(k) for k in ("job", "overrides", "status", "strategy", "model", "workload", "requests",
                                "match_rate", "digest_failures")]
 COLUMNS += [Column(k, interval=True) for k in ("ttft_ms_p50", "base_ttft_ms_p50", "e2e_ms_p50", "transfer_ms_p50")]
 COLUMNS += [Column("bytes_p50"), Column("transfer_gbps")]
-# what a lossy strategy cost in outputs (harness/accuracy.py; "-" for the others), and workload=corpus's task score
+# what a lossy strategy cost in outputs (records/accuracy.py; "-" for the others), workload=corpus's task score
 COLUMNS += [Column("codec"), Column("accuracy_drop"), Column("task_score")]
 # runner=serve jobs: latency under load, goodput and correctness against the baseline's own noise
 SERVE_COLUMNS = [Column(k) for k in ("job", "overrides", "status", "strategy", "request_rate")]

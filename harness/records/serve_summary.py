@@ -10,32 +10,32 @@ requests sent that did).
 Correctness: the P/D path's outputs against the baseline's for the same request
 (`match_rate`) beside the baseline's second pass against its first (`baseline_self_match_rate`,
 greedy decoding's own noise under this load); a mismatch fails the run only when the P/D path
-has more mismatches than the baseline has with itself, not counting near ties (harness/compare.py).
+has more mismatches than the baseline has with itself, not counting near ties (harness/records/compare.py).
 Digest failures, transfer errors and KV left held fail it always, as does a request that failed
 for any reason but its time limit (run.request_timeout_s: a timed-out request is counted,
 `timed_out`, and misses the SLOs). A scenario's requests are judged apart, as offline: each
 faulted transfer must have been caught (its request failed with a reason, or was recomputed to
 the right output), and an aborted request may end anyhow but leave nothing held. The status
-follows the offline runner's rules (harness/verdict.py).
+follows the offline runner's rules (harness/records/verdict.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
+from harness.records.accuracy import accuracy_cost
+from harness.records.accuracy import line as accuracy_line
+from harness.records.files import read_jsonl
+from harness.records.provoked import aborted, fault_counts, given
+from harness.records.provoked import lines as scenario_lines
+from harness.records.schema import HANDOVER_PARTS, HANDOVER_PATH, SCHEMA_VERSION
+from harness.records.stats import Column, format_table, format_value, mean_interval, p50_with_interval, percentile
+from harness.records.summary import prefix_hits, recompute_counts
+from harness.records.tables import prefix_hit_lines
+from harness.records.verdict import judge
 
-from harness.accuracy import accuracy_cost
-from harness.accuracy import line as accuracy_line
-from harness.checks import stored_kv_dtype
-from harness.records import prefix_hit_lines, prefix_hits, read_jsonl, recompute_counts
-from harness.scenario import aborted, fault_counts, given
-from harness.scenario import lines as scenario_lines
-from harness.schema import HANDOVER_PARTS, HANDOVER_PATH, SCHEMA_VERSION
-from harness.serving.deployment import instance_counts
-from harness.serving.load import TIMED_OUT
-from harness.stats import Column, format_table, format_value, mean_interval, p50_with_interval, percentile
-from harness.verdict import judge
+# a request's error when it ran past run.request_timeout_s: a latency outcome, not a failure
+TIMED_OUT = "timed out (run.request_timeout_s)"
 
 LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
@@ -93,7 +93,7 @@ def path_stats(rows: list[dict], prefix: str = "") -> dict:
 
 
 def handover_stats(rows: list[dict]) -> dict:
-    """The P/D requests' handover (harness/schema.py HANDOVER_PATH) in means over the requests
+    """The P/D requests' handover (harness/records/schema.py HANDOVER_PATH) in means over the requests
     that have every part and a baseline TTFT: `handover_parts_mean_ms` ({part: ms}), which add up
     to `handover_ttft_mean_ms` (the mean time to the decode instance's first token), the same
     requests' baseline TTFT and the difference, the mean TTFT overhead the parts explain."""
@@ -157,29 +157,21 @@ def probe_stats(rows: list[dict], interval_s: float | None) -> dict | None:
     return out
 
 
-def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | None, run_id: str, device: str,
-                  timings: dict, kv_usage: dict, external: bool) -> dict:
+def serve_summary(run_dir: Path, facts: dict, *, status: str, error: str | None, timings: dict, kv_usage: dict,
+                  repeats: int, probe_interval_s: float | None, expect_recompute: bool = False,
+                  max_accuracy_drop: float | None = None) -> dict:
+    """summary.json from the run directory's rows. facts: what the run was, as the serving runner
+    states it (serve.run_facts: run_id, strategy, ..., kv_cache_dtype, coalesced_gap_ms), in the
+    order summary.json gives them; the rest: what judging the run needs of its configuration."""
     disagg = read_jsonl(run_dir / "requests.jsonl")
     base_rows = read_jsonl(run_dir / "baseline.jsonl")
     base = [r for r in base_rows if r["path"] == "baseline"]
     repeat = [r for r in base_rows if r["path"] == "baseline_repeat"]
-    out: dict = {"schema_version": SCHEMA_VERSION, "runner": "serve", "status": status, "error": error,
-                 "run_id": run_id, "strategy": cfg.strategy.name, "model": cfg.model.name,
-                 "workload": cfg.workload.name, "device": device, "external_endpoints": external,
-                 "request_rate": float(cfg.serve.request_rate), "arrivals": cfg.arrivals.name,
-                 "trace": ({"path": cfg.workload.path, "time_scale": cfg.workload.time_scale}
-                           if cfg.workload.get("_target_") == "harness.workload.trace" else None),
-                 "ramp_up": None if cfg.serve.ramp_up is None else {
-                     "strategy": cfg.serve.ramp_up, "start_rps": cfg.serve.ramp_up_start_rps,
-                     "end_rps": cfg.serve.ramp_up_end_rps},
-                 "max_concurrency": cfg.serve.max_concurrency,
-                 "instances": None if external else instance_counts(cfg),
-                 "slo": {"ttft_ms": cfg.slo.ttft_ms, "tpot_ms": cfg.slo.tpot_ms},
-                 "kv_cache_dtype": stored_kv_dtype(cfg), "coalesced_gap_ms": cfg.serve.coalesced_gap_ms}
+    out: dict = {"schema_version": SCHEMA_VERSION, "runner": "serve", "status": status, "error": error, **facts}
     out.update(path_stats(disagg))
     out.update(path_stats(base, "base_"))
     out.update(handover_stats(disagg))
-    out["repeats"] = cfg.serve.repeats
+    out["repeats"] = repeats
     out.update(across_repeats(disagg))
     out.update(across_repeats(base, "base_"))
     compared = [r for r in disagg if r["match"] is not None and not given(r.get("fault"))]
@@ -197,7 +189,7 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
     # a faulted one is judged by fault_counts
     kept = [r for r in disagg if r["status"] != "cancelled" and not given(r.get("fault"))]
     checked = [r for r in kept if r["digest_match"] is not None]
-    out["probes"] = probe_stats(read_jsonl(run_dir / "probes.jsonl"), cfg.serve.probes.interval_s)
+    out["probes"] = probe_stats(read_jsonl(run_dir / "probes.jsonl"), probe_interval_s)
     # a probe's KV is checked as any request's: its digest failure fails the run
     out["digest_checked"] = len(checked) + (out["probes"] or {}).get("digest_checked", 0)
     out["digest_failures"] = sum(not r["digest_match"] for r in checked) + (out["probes"] or {}).get(
@@ -217,7 +209,7 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
                   if r["status"] == "failed" and r["error"] != TIMED_OUT and not given(r.get("fault"))]
         # a timeout is a latency outcome (it counts against the SLOs); any other failure is a fault
         status, error = judge(out, noise=out["baseline_self_mismatches"] if repeat else 0,
-                              expect_recompute=bool(cfg.get("scenario", {}).get("expect_recompute")),
+                              expect_recompute=expect_recompute,
                               first_transfer_error=next((r["transfer_error"] for r in kept if r["transfer_error"]),
                                                         None),
                               faults=(out.get("faults_missed") or 0, out.get("faults_injected") or 0),
@@ -225,7 +217,7 @@ def serve_summary(run_dir: Path, cfg: DictConfig, *, status: str, error: str | N
                               failed_requests=[f"{r['path']} #{r['request_idx']}: {r['error']}" for r in broken],
                               lossy=bool(out.get("codec") or out["kv_cache_dtype"]),
                               accuracy_drop=out.get("accuracy_drop"),
-                              max_accuracy_drop=(cfg.get("check") or {}).get("max_accuracy_drop"))
+                              max_accuracy_drop=max_accuracy_drop)
         code = 0 if status == "ok" else 1
     out.update(status=status, error=error, exit_code=code)
     return out

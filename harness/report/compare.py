@@ -6,9 +6,9 @@
 
 Both are directories scripts/bench_strategies.py wrote (one run directory per
 strategy[-decode_submit]). Their requests are cut into the benchmark table's cells
-(harness/benchmark.py cells), each named by its run's strategy, its decode_submit as it applied and
+(harness/report/benchmark.py cells), each named by its run's strategy, its decode_submit as it applied and
 the prompt length, so that a run named `fused` and one named `fused-early` meet. For each cell in
-both and each metric, the median and its 95% bootstrap interval (harness/stats.py) on each side:
+both and each metric, the median and its 95% bootstrap interval (harness/records/stats.py) on each side:
   slower  the new interval's low end lies above the reference's high end plus the slack
   faster  the new interval's high end lies below the reference's low end less the slack
   same    otherwise: the intervals overlap, or miss each other by less than the slack
@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.benchmark import cells
-from harness.results import RUN_FILES, load_requests, load_runs
-from harness.schema import RequestRow, field_names
-from harness.stats import Column, format_table, p50_with_interval
+from harness.records.schema import RequestRow, field_names
+from harness.records.stats import Column, format_table, p50_with_interval
+from harness.report.benchmark import cells
+from harness.report.load import RUN_FILES, load_requests, load_runs
 
 METRICS = ["ttft_overhead_ms", "after_forward_ms", "prefill_ttft_overhead_ms", "transfer_ms", "kv_ms",
            "overhead_check_ms", "overhead_decode_ms"]

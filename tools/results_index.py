@@ -4,7 +4,7 @@ the handful of current headline figures first, each pointing at its run director
     python scripts/results_index.py           # write results/INDEX.md
     python scripts/results_index.py --check   # exit 1 when the committed INDEX.md is not what this writes
 
-A run directory is what harness.results.find_runs finds (a directory holding summary.json or
+A run directory is what harness.report.load.find_runs finds (a directory holding summary.json or
 requests.jsonl[.gz]); its row gives its date (its session directory's, results/<device>/
 <date>-s<session>[-<topic>]), device, model, strategy, status, schema version and git sha from its
 summary.json and meta.json, and the documents citing it: a README (or HISTORY.md, TIERS.md,
@@ -28,9 +28,9 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from harness.results_headlines import HEADLINES, Headline  # noqa: F401 - Headline: for callers and tests
+from harness import PROJECT_ROOT
+from tools.results_headlines import HEADLINES, Headline  # noqa: F401 - Headline: for callers and tests
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 DEVICES = ("cpu", "gpu")
 INDEX = Path("results") / "INDEX.md"
 SESSION = re.compile(r"^(\d{4}-\d{2}-\d{2})-s(\d+)(?:-(.+))?$")  # <date>-s<session>[-<topic>]
@@ -143,7 +143,7 @@ def citations(paths: list[str], root: Path = PROJECT_ROOT, below: bool = False) 
 # --- the runs ---------------------------------------------------------------------------------
 
 def run_dirs(root: Path = PROJECT_ROOT) -> list[Path]:
-    from harness.results import find_runs
+    from harness.report.load import find_runs
     return find_runs(*(Path(root) / "results" / d for d in DEVICES))
 
 
@@ -235,7 +235,7 @@ def _table(header: list[str], rows: list[list]) -> str:
 
 def _bench_prompts(root: Path) -> list[tuple[str, str]]:
     """The committed benchmarks whose prompts are made again: (directory, lengths x per_length)."""
-    from harness.results_slim import bench_shape
+    from tools.results_slim import bench_shape
 
     out = []
     for d in DEVICES:
@@ -277,10 +277,10 @@ def render(root: Path = PROJECT_ROOT) -> str:
     out = [
         "# Committed results: the index",
         "",
-        "Written by `python scripts/results_index.py` (harness/results_index.py) from the run directories under",
+        "Written by `python scripts/results_index.py` (tools/results_index.py) from the run directories under",
         "`results/cpu` and `results/gpu`; `python scripts/results_index.py --check` (and tests/test_results_index.py)",
         "fails when this file is not what it writes. Do not edit it by hand: the headline figures, the archived",
-        "and the renamed directories are kept in harness/results_index.py. What each file of a run directory",
+        "and the renamed directories are kept in tools/results_index.py. What each file of a run directory",
         "holds, and what is kept out of git: [README.md](README.md).",
         "",
         "## Headline figures",
@@ -301,7 +301,7 @@ def render(root: Path = PROJECT_ROOT) -> str:
         "",
         "## Run directories",
         "",
-        "Every directory the loader reads (`harness.results.load_runs(\"results/cpu\", \"results/gpu\")`), with",
+        "Every directory the loader reads (`harness.report.load.load_runs(\"results/cpu\", \"results/gpu\")`), with",
         "its summary.json and meta.json: status and schema version as the run wrote them, the git sha it ran",
         "(short; `-dirty`: with uncommitted changes, which its meta.json describes). \"cited by\": the documents",
         "naming its path or a path above it.",
@@ -312,7 +312,7 @@ def render(root: Path = PROJECT_ROOT) -> str:
         "",
         "## Made again, not committed",
         "",
-        "harness/results_slim.py lists what a committed run directory leaves out and `python",
+        "tools/results_slim.py lists what a committed run directory leaves out and `python",
         "scripts/slim_results.py DIR` slims a session's directory before it is committed (.gitignore keeps",
         "the rest out). What the committed runs leave out since the commit after "
         f"`{BEFORE_SLIMMING[:7]}`, and how to have each again:",
@@ -328,7 +328,7 @@ def render(root: Path = PROJECT_ROOT) -> str:
         "- `.hydra/`: meta.json holds the resolved config (the loader reads it) and, moved there, the overrides",
         "  and the config group choices;",
         "- `kv-channel*.port*` (the workers' rendezvous) and empty logs: nothing to have again;",
-        "- records (`*.jsonl`) are committed gzipped (`*.jsonl.gz`), read by `harness.records.read_jsonl`;",
+        "- records (`*.jsonl`) are committed gzipped (`*.jsonl.gz`), read by `harness.records.files.read_jsonl`;",
         "  machine paths in logs are written `<venv>/`, `<repo>/`, `<tmp>/`, `<home>/`.",
         "",
         f"Any removed file: `git show {BEFORE_SLIMMING[:12]}:results/<old path>` (old names below).",

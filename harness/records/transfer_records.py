@@ -1,0 +1,120 @@
+"""The harness's reading and judging of the connectors' records (transfer_strategies/records.py
+defines what a connector writes): records read as their files grow, one side of a transfer merged
+over its engine's tensor-parallel workers, and whether the decode workers hold, head by head,
+what the prefill workers sent."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from transfer_strategies.records import JsonRecord, TransferRecord
+
+# How merge_ranks combines the workers' fields: the side's last worker decides when it is done
+# and the first when it started; bytes and messages add up; the rest is the same on every rank.
+_LATEST = ("send_ms", "gpu_ms", "transfer_ms", "notify_ms", "load_ms", "ready_ms", "digest_ms", "codec_ms", "hook_ms",
+           "t_forward_done",
+           "t_sent", "t_arrived", "t_kv_ready", "t_kv_checked", "t_decode_scheduled")
+
+
+_EARLIEST = ("t_admitted", "t_load_start")
+
+
+def merge_ranks(records: list[TransferRecord]) -> TransferRecord:
+    """One side of one transfer as the engine saw it, from its workers' records (one per rank):
+    bytes and messages summed, the first start and last end, the first error. Digests stay with
+    each worker's record: they are judged channel by channel (digests_agree), not merged."""
+    if len(records) == 1:
+        return records[0]
+    records = sorted(records, key=lambda r: r.rank or 0)
+    out = dataclasses.replace(records[0], rank=None, digests=None, payload_digest=None)
+    for name in _LATEST + _EARLIEST:
+        values = [getattr(r, name) for r in records if getattr(r, name) is not None]
+        setattr(out, name, (max if name in _LATEST else min)(values) if values else None)
+    out.bytes = sum(r.bytes for r in records)
+    out.messages = sum(r.messages for r in records)
+    out.kv_cache_bytes = sum(r.kv_cache_bytes for r in records)
+    out.error = next((r.error for r in records if r.error), None)
+    errors = [r.codec_error for r in records if r.codec_error]
+    if errors:  # each worker measured its own heads: the largest of the largest, the mean of the means
+        out.codec_error = {k: [(max if k.startswith("max") else _mean)(layer) for layer in zip(*(e[k] for e in errors))]
+                           for k in errors[0]}
+    return out
+
+
+def _mean(values) -> float:
+    return sum(values) / len(values)
+
+
+def digests_agree(sent: list[TransferRecord], received: list[TransferRecord], p: int, d: int) -> bool | None:
+    """Whether each decode worker holds, head by head, what the prefill worker that sent it had
+    in the blocks the transfer wrote (tp.shares: who sends which head to whom).
+
+    Only the written blocks are judged: the decode side digests those past its own prefix-cache
+    hits (skip_blocks; worker.transfer_block_ids), so the sender's digests are compared from that
+    block on. A cached block may hold a token the decode engine computed itself, in other bits
+    than the prefill's (seen on a GPU, and on CPU between TP degrees). Judged per channel, not
+    over an engine's merged records: where the prefill engine replicates a head (more workers
+    than KV heads) its replicas need not be bit for bit equal (vLLM's CPU build at TP 4 with 2
+    KV heads: they differ in the last bits), and a decode worker must hold exactly its
+    sender's copy. A worker whose record is missing, or that digested other blocks than the
+    transfer wrote, fails it; None: a side without digests, or a transfer that wrote nothing
+    (every block was in the decode engine's prefix cache).
+
+    A lossy strategy's (codecs.py) sender digests the blocks the receiver should reconstruct,
+    and both sides checksum the compressed payload: each decode worker's must equal its
+    sender's (equal degrees: worker r to worker r; else each part, per share)."""
+    if not sent or not received or any(r.digests is None for r in sent + received):
+        return None
+    skip = max(r.skip_blocks for r in received)  # the decode engine's, the same on every worker
+    if skip >= max(r.blocks for r in received):
+        return None
+    lossy = any(r.codec for r in sent + received)
+    if lossy and p == d:
+        payloads = {r.rank or 0: r.payload_digest for r in sent}
+        if any(r.payload_digest is None or r.payload_digest != payloads.get(r.rank or 0) for r in received):
+            return False
+    sends = {r.rank or 0: {h: ds[skip:] for h, ds in r.digests.items()} for r in sent}
+    receives = {r.rank or 0: r.digests for r in received}
+    if set(sends) != set(range(p)) or set(receives) != set(range(d)):
+        return False
+    if p == d:  # worker r to worker r, whatever the digests' keys ("all" where heads are unknown)
+        return all(sends[r] == receives[r] for r in range(p))
+    from transfer_strategies.tp import heads_of, shares  # here: the results loader reads records without torch
+
+    n_heads = len({h for digests in sends.values() for h in digests})
+    if not all(receives[q].keys() == {str(h) for h in heads_of(q, d, n_heads)} for q in range(d)):
+        return False
+    if lossy:  # each part: what its prefill worker checksummed for that decode worker, as it arrived
+        sent_parts = {r.rank or 0: r.payload_digest for r in sent}
+        got_parts = {r.rank or 0: r.payload_digest for r in received}
+        for s in shares(p, d, n_heads):
+            mine, theirs = sent_parts[s.prefill_rank], got_parts[s.decode_rank]
+            if not (isinstance(mine, dict) and isinstance(theirs, dict)
+                    and mine.get(str(s.decode_rank)) is not None
+                    and mine.get(str(s.decode_rank)) == theirs.get(str(s.prefill_rank))):
+                return False
+    return all(sends[s.prefill_rank].get(str(h)) == receives[s.decode_rank][str(h)]
+               for s in shares(p, d, n_heads) for h in s.heads)
+
+
+class TransferRecordReader:
+    """Reads the records appended to a file since the last call (the file grows while read).
+    A last line without its newline is being written: it is read on a later call."""
+
+    def __init__(self, path: str | Path, record=TransferRecord):
+        self.path = Path(path)
+        self.offset = 0
+        self.record = record
+
+    def read_new(self) -> list[JsonRecord]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return []
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        return [self.record.from_dict(json.loads(line)) for line in data[:end].splitlines() if line.strip()]

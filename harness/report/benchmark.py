@@ -1,0 +1,160 @@
+"""The strategy benchmark's tables and figure, from its run directories (harness/benchmark.py runs
+them): one row per run and prompt length, each median with its 95% bootstrap interval, the
+transfer against the ceiling measured in the same benchmark, the TTFT overhead and its parts
+(the columns: MEDIANS, results/README.md). Writes table.md, rows.csv and figure.png."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pandas as pd
+
+from harness.records.schema import CRITICAL_PATH, OVERHEAD_PARTS
+from harness.records.stats import Column, format_table, p50_with_interval
+from harness.records.summary import format_overhead, overhead_means
+from harness.report.load import load_requests
+
+
+def write_tables(out: Path, labels: list[str], ceiling: float, title: str) -> str:
+    """table.md, rows.csv and figure.png in out from the records of its runs (one per label)."""
+    rows = strategy_rows(load_requests(*(out / s for s in labels if (out / s).is_dir())), labels, ceiling)
+    table = f"{title}\n\n{strategy_table(rows)}\n\n{INTERVAL_NOTE}"
+    (out / "table.md").write_text(table + "\n")
+    pd.DataFrame(rows, columns=CSV_COLUMNS).to_csv(out / "rows.csv", index=False)
+    plot(out, title=title)
+    return table
+
+
+# Per strategy and prompt length: the median of the requests, with its bootstrap interval
+MEDIANS = ["bytes", "messages", "transfer_ms", "transfer_host_ms", "gbps", "notify_ms", "ready_ms", "kv_ms",
+           "after_forward_ms", "ttft_ms", "base_ttft_ms", "ttft_overhead_ms", "prefill_ttft_overhead_ms"]
+
+
+# ... and the means of the TTFT overhead's parts (they add up to the mean overhead)
+CSV_COLUMNS = (["strategy", "prompt_len", "bytes", "messages", "transfer_ms", "transfer_host_ms", "gbps",
+                "ceiling_share", "notify_ms", "ready_ms", "kv_ms", "after_forward_ms", "ttft_ms", "base_ttft_ms",
+                "ttft_overhead_ms", "prefill_ttft_overhead_ms", "match_rate", "digest_ok", "overhead_mean_ms",
+                *OVERHEAD_PARTS]
+               + [f"{k}_{end}" for k in [*MEDIANS, "ceiling_share"] for end in ("lo", "hi")])
+
+
+INTERVAL_NOTE = ("Each value is the median of that strategy's requests of that length; [lo, hi] is its 95% bootstrap "
+                 "interval (1000 resamples, harness/stats.py), shown where the requests differ.")
+
+
+def strategy_rows(requests: pd.DataFrame, labels: list[str], ceiling: float) -> list[dict]:
+    """One row per run (named by its directory: the strategy, or <strategy>-<decode_submit>) and
+    prompt length of the runs' requests (harness.report.load.load_requests)."""
+    rows = []
+    for label, n, g in cells(requests, labels):
+        row = {"strategy": label, "prompt_len": n}
+        for k in MEDIANS:
+            row.update(p50_with_interval(g[k] if k in g else [None] * len(g), k))
+        mean, parts = overhead_means(g.to_dict("records")) or (None, {})
+        row["overhead_mean_ms"] = mean
+        row.update({f"overhead_{part}_ms": parts.get(part) for part, _ in CRITICAL_PATH})
+        for end in ("", "_lo", "_hi"):
+            gbps = row[f"gbps{end}"]
+            row[f"ceiling_share{end}"] = gbps / ceiling if gbps else None
+        row["match_rate"] = float(g["match"].map(_true).mean())
+        checked = g["digest_match"].dropna()  # no value: digests off (check.digests=false)
+        row["digest_ok"] = bool(checked.map(_true).all()) if len(checked) else None
+        rows.append(row)
+    return rows
+
+
+def cells(requests: pd.DataFrame, labels: list[str]) -> Iterator[tuple[str, int, pd.DataFrame]]:
+    """The benchmark's cells, as its table has them: (run label, prompt length, those requests) for
+    each label in order (a run is named by its directory: the strategy, or
+    <strategy>-<decode_submit>), each length in increasing order. scripts/compare_bench.py
+    compares two benchmarks cell by cell through it."""
+    if not len(requests):
+        return
+    run_names = requests["run_dir"].map(lambda d: Path(d).name)
+    for label in labels:
+        for n, g in requests[run_names == label].groupby("prompt_len"):
+            if "prefill_ttft_overhead_ms" not in g or g["prefill_ttft_overhead_ms"].isna().all():  # before version 3
+                g = g.assign(prefill_ttft_overhead_ms=g["prefill_ms"] - g["base_ttft_ms"])
+            yield label, int(n), g
+
+
+def _true(v) -> bool:
+    return v is not None and v == v and bool(v)  # NaN (no value in a pandas column) != NaN
+
+
+def strategy_table(rows: list[dict]) -> str:
+    """The Markdown table of strategy_rows: each median with its interval."""
+    def overhead(key):  # also as a share of the baseline's TTFT
+        median = Column(key, spec=".1f", interval=True)
+        return lambda r: median.cell(r) + (f" ({r[key] / r['base_ttft_ms']:+.0%})" if r[key] is not None
+                                           and r["base_ttft_ms"] else "")
+
+    columns = [Column("strategy"), Column("prompt", "prompt_len"), Column("KV bytes moved", "bytes", ".0f", True),
+               Column("messages", "messages", ".0f", True), Column("transfer ms", "transfer_ms", ".3f", True),
+               Column("host clock ms", "transfer_host_ms", ".3f", True), Column("GB/s", "gbps", ".2f", True),
+               Column("of ceiling", "ceiling_share", ".2f", True), Column("notify ms", "notify_ms", ".3f", True),
+               Column("KV ready ms", "ready_ms", ".3f", True), Column("KV e2e ms", "kv_ms", ".3f", True),
+               Column("after forward ms", "after_forward_ms", ".1f", True),
+               Column("TTFT ms", "ttft_ms", ".1f", True),
+               Column("baseline TTFT ms", "base_ttft_ms", ".1f", True),
+               Column("TTFT overhead", overhead("ttft_overhead_ms")),
+               Column("prefill TTFT overhead", overhead("prefill_ttft_overhead_ms")),
+               Column("overhead parts, mean ms", overhead_parts),
+               Column("match", lambda r: f"{r['match_rate']:.0%}"),
+               Column("digests", digests_cell)]
+    return format_table(rows, columns, markdown=True)
+
+
+def digests_cell(r: dict) -> str:
+    ok = r.get("digest_ok")
+    if ok is None or ok != ok:  # None, or NaN read back from rows.csv
+        return "off"
+    return "ok" if ok else "FAIL"
+
+
+def overhead_parts(r: dict) -> str:
+    if r.get("overhead_mean_ms") is None:
+        return "-"
+    return format_overhead(r["overhead_mean_ms"], {part: r[f"overhead_{part}_ms"] for part, _ in CRITICAL_PATH})
+
+
+def replot(out: Path) -> None:
+    """Every figure of a benchmark directory again: figure<X>.png from rows<X>.csv, titled by
+    table<X>.md's first line (as when the benchmark wrote them)."""
+    for rows in sorted(out.glob("rows*.csv")):
+        suffix = rows.name.removeprefix("rows").removesuffix(".csv")
+        table = out / f"table{suffix}.md"
+        title = table.read_text().splitlines()[0] if table.exists() else None
+        plot(out, title=title, suffix=suffix)
+
+
+def plot(out: Path, title: str | None = None, suffix: str = "") -> None:
+    """figure.png from rows.csv (figure<suffix>.png from rows<suffix>.csv): GB/s against KV bytes
+    per strategy (with the ceiling), and the TTFT overheads against prompt length."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+
+    df = pd.read_csv(out / f"rows{suffix}.csv")
+    ceiling = (df["gbps"] / df["ceiling_share"]).dropna().median()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for name, g in df.groupby("strategy", sort=False):
+        a.plot(g["bytes"] / 2**20, g["gbps"], "o-", label=name)
+        base = g["base_ttft_ms"]
+        line, = b.plot(g["prompt_len"], 100 * g["ttft_overhead_ms"] / base, "o-", label=f"{name}: decode's first token")
+        b.plot(g["prompt_len"], 100 * g["prefill_ttft_overhead_ms"] / base, "s--", color=line.get_color(),
+               label=f"{name}: prefill's token")
+    a.axhline(ceiling, color="k", ls=":", label=f"ceiling {ceiling:.0f} GB/s")
+    a.set(xscale="log", yscale="log", xlabel="KV bytes moved per request (MiB)", ylabel="GB/s (bytes / transfer ms)")
+    b.axhline(0, color="k", lw=0.5)
+    b.set(xscale="log", xlabel="prompt tokens", ylabel="TTFT overhead vs colocated baseline (%)")
+    a.legend(fontsize=8)
+    b.legend(fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / f"figure{suffix}.png", dpi=110)
+    plt.close(fig)

@@ -1,0 +1,4 @@
+"""Maintenance of the repository's committed results tree (results/cpu, results/gpu): its index and
+headline figures (results_index.py), and what a committed run directory keeps (results_slim.py).
+Not part of the harness: nothing in harness/ or transfer_strategies/ imports it. Its commands are
+scripts/results_index.py and scripts/slim_results.py."""
