@@ -32,4 +32,5 @@ def test_each_strategy_is_compared_with_fused_at_its_model_device_and_prompt_len
     assert t.iloc[3]["bytes_vs_fused"] == pytest.approx(0.26) and t.iloc[3]["status"] == "mismatch"
     assert t.iloc[0]["codec"] == "-" and t.iloc[0]["bytes_vs_fused"] == 1.0
     md = to_markdown(t)
-    assert md.count("\n") == 5 and "| fused_int8 | 256 | 2 | 16 | int8/block/64 |" in md
+    assert md.count("\n") == 5 and "| fused_int8 | 256 | 2 | 16 | 0.75 | 1 | 2 | int8/block/64 |" in md
+    assert "| KV bytes moved / fused's |" in md  # the declared headers (harness/records/fields.py)

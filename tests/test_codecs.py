@@ -11,7 +11,8 @@ import sys
 import pytest
 import torch
 
-from harness.records.accuracy import accuracy_cost, codec_fields
+from harness.records.accuracy import accuracy_cost
+from harness.records.join import codec_fields
 from harness.records.transfer_records import digests_agree, merge_ranks
 from harness.records.verdict import judge
 from tests.conftest import ROOT, SLOW

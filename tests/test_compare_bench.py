@@ -4,7 +4,6 @@ No engines."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 import sys
@@ -29,7 +28,7 @@ def write_bench(out: Path, shift_ms: float = 0.0, lengths=(2048, 8192), submit: 
     (the decode_submit that applied). Every metric is 10 ms with the same seeded noise in every
     call, plus shift_ms: two calls differ by exactly the shift; metrics in missing have no value."""
     names = names or {"fused": "fused", "layerwise": "layerwise"}
-    unset = {f.name: None for f in dataclasses.fields(RequestRow) if f.default is dataclasses.MISSING}
+    unset = dict.fromkeys(RequestRow.names())
     for strategy, label in names.items():
         run = out / label
         run.mkdir(parents=True)
@@ -39,9 +38,9 @@ def write_bench(out: Path, shift_ms: float = 0.0, lengths=(2048, 8192), submit: 
             for i in range(12):
                 row = RequestRow(**{**unset, "run_id": label, "strategy": strategy, "prompt_idx": i,
                                     "prompt_len": n, "output_len": 4, "match": True})
-                for m in guard.METRICS:
-                    setattr(row, m, None if m in missing else 10.0 + float(rng.normal(0, 0.3)) + shift_ms)
-                rows.append(row.to_dict())
+                for m in guard.metrics():
+                    row[m] = None if m in missing else 10.0 + float(rng.normal(0, 0.3)) + shift_ms
+                rows.append(row)
         (run / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
         summary = {"schema_version": SCHEMA_VERSION, "status": "ok", "decode_submit": submit}
         (run / "summary.json").write_text(json.dumps(summary))
@@ -57,14 +56,14 @@ def run_guard(capsys, new: Path, ref: Path, *args: str) -> tuple[int, str, str]:
 def verdicts(out: str) -> set[str]:
     """The verdict column of the table's rows (a row: strategy, decode_submit, length, metric, ...)."""
     rows = [line.split() for line in out.splitlines()]
-    return {r[-1] for r in rows if len(r) > 4 and r[3] in guard.METRICS}
+    return {r[-1] for r in rows if len(r) > 4 and r[3] in guard.metrics()}
 
 
 def interval_widths(bench: Path) -> list[float]:
     """Each cell and metric's 95% interval width in a benchmark."""
     widths = []
     for g in guard.load_cells(bench).values():
-        for m in guard.METRICS:
+        for m in guard.metrics():
             p = p50_with_interval(g[m], "p50")
             widths.append(p["p50_hi"] - p["p50_lo"])
     return widths

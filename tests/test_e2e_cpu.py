@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from harness.offline.engine_pool import POOL
-from harness.records.join import TIMELINE
+from harness.records.fields import TIMELINE
 from harness.records.schema import OVERHEAD_PARTS
 from harness.resolvers import built_in_strategies
 from tests.conftest import FULL, ROOT, cells, run_harness

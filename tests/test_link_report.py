@@ -42,7 +42,8 @@ def test_cells_are_ordered_fastest_link_first_and_each_names_its_winner():
     assert winners(flipped) == winners(t)
     md = to_markdown(t)
     assert md.count("\n") == 7
-    assert "| 1024 | 1 Gbit/s | 0.96 | layerwise | gloo | +20.0 [18.0, 22.0] | 20.0 [18.0, 22.0] | 1.0 |" in md
+    assert ("| 1024 | 1 Gbit/s | 0.96 | layerwise | gloo | 1.0 | 20.0 [18.0, 22.0] | 4000000 | 2.000 | 3.000 | "
+            "20.0 [18.0, 22.0] | 1 | ok |") in md
 
 
 def test_a_benchmark_run_of_several_lengths_gives_a_row_per_length():

@@ -111,7 +111,7 @@ def test_results_load_into_pandas_with_config_columns_and_sweep_table(tmp_path):
     assert [r["status"] for r in rows] == ["ok", "engine_failed"]
     assert rows[0]["overrides"] == "strategy=fused engine.block_size=32"
     table = format_rows(rows)
-    assert "engine_failed" in table and "1 [0.5, 2]" in table  # the jobs' p50s with their intervals
+    assert "engine_failed" in table and "1.0 [0.5, 2.0]" in table  # the jobs' p50s with their intervals
 
 
 def test_a_run_killed_before_its_summary_still_loads(tmp_path):

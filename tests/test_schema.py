@@ -8,23 +8,24 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness.offline.rows import disagg_row
-from harness.records.join import TIMELINE, TransferStats, path_parts, ttft_overhead_parts
+from harness.records.fields import OFFLINE, SERVE, TIMELINE
+from harness.records.join import path_parts, ttft_overhead_parts
 from harness.records.schema import (
     HANDOVER_PATH,
     OVERHEAD_PARTS,
     SCHEMA_VERSION,
-    SUMMARY_METRICS,
     BaselineRow,
     RequestRow,
     ServeRow,
     field_names,
+    markdown_table,
+    summarized,
 )
-from harness.records.serve_summary import LATENCIES, ROUTER_MARKS
 from harness.records.summary import run_summary, summarize
-from harness.records.transfer_records import TransferRecordReader
+from harness.records.transfer_records import TransferRecordReader, TransferStats
 from harness.workload import Prompt
 from tests.helpers.serving import serve_rows, serve_summary_of
-from transfer_strategies.records import ComputeRecord, TransferRecord, TransferRecordWriter
+from transfer_strategies.records import RECORD_VERSION, ComputeRecord, TransferRecord, TransferRecordWriter
 
 README = Path(__file__).resolve().parent.parent / "results" / "README.md"
 
@@ -42,12 +43,20 @@ def documented(heading: str) -> set[str]:
 
 
 def expand(names: set[str]) -> set[str]:
-    return {n.replace("<metric>", m) for n in names for m in SUMMARY_METRICS}
+    return {n.replace("<metric>", f.name) for n in names for f in summarized(OFFLINE)}
 
 
-def test_readme_documents_every_field_of_every_row_and_no_other():
+def test_readme_tables_of_the_rows_are_what_their_declarations_write():
+    """results/README.md's tables of requests.jsonl, baseline.jsonl and runner=serve's rows are
+    written from harness/records/fields.py (python scripts/field_tables.py)."""
+    text = README.read_text()
+    for kind in (OFFLINE, "baseline", SERVE):
+        assert markdown_table(kind) in text, f"python scripts/field_tables.py ({kind})"
     assert documented("requests.jsonl") == set(field_names(RequestRow))
     assert documented("baseline.jsonl") == set(field_names(BaselineRow))
+
+
+def test_readme_documents_every_field_of_every_record_and_no_other():
     assert documented("prefill-transfers.jsonl") == set(field_names(TransferRecord))
     assert documented("prefill-transfers.compute.jsonl") == set(field_names(ComputeRecord))
 
@@ -86,7 +95,9 @@ def test_readme_documents_every_serving_field_and_summary_key_and_no_other():
     summary = serve_summary_of(serve_rows())
     names = set()
     for n in documented("runner=serve: summary.json"):
-        subs = LATENCIES if "<latency>" in n else ROUTER_MARKS if "<mark>" in n else ("",)
+        marks = [f.name for f in summarized(SERVE) if f.summary[SERVE].only_measured]
+        subs = ([f.name for f in summarized(SERVE) if f.name not in marks] if "<latency>" in n else marks
+                if "<mark>" in n else ("",))
         for m in subs:
             n2 = n.replace("<latency>", m).replace("<mark>", m)
             names.update({n2.replace("[base_]", ""), n2.replace("[base_]", "base_")})
@@ -161,7 +172,7 @@ def test_records_are_read_from_where_the_last_read_stopped(tmp_path):
     with open(path, "a") as f:
         f.write(json.dumps(_record("send", "c").to_dict())[20:] + "\n")
     (c,) = reader.read_new()
-    assert c == _record("send", "c") and c.schema_version == SCHEMA_VERSION
+    assert c == _record("send", "c") and c.schema_version == RECORD_VERSION
 
 
 def test_an_unversioned_record_loads_as_version_1():
@@ -180,7 +191,7 @@ def test_disagg_row_joins_both_sides_records(tmp_path):
     cfg = OmegaConf.create({"strategy": {"name": "fused", "module": "transfer_strategies.fused"},
                             "model": {"name": "m"}, "workload": {"name": "w"}, "run": {"decode_submit": None}})
     base = BaselineRow(run_id="r", prompt_idx=0, prompt_len=64, ttft_ms=5.0, e2e_ms=9.0, token_ids=[1, 2, 3],
-                       logprobs=[-0.1, -0.2, -0.3]).to_dict()
+                       logprobs=[-0.1, -0.2, -0.3])
     results = [{"token_ids": [1], "first_token_t": 100.004, "finished_t": 100.004, "submitted_t": 100.0},
                {"token_ids": [1, 2, 4], "logprobs": [-0.1, -0.2, -0.5], "first_token_t": 100.010,
                 "finished_t": 100.020, "submitted_t": 100.0}]

@@ -219,7 +219,7 @@ def test_a_stream_that_came_in_bursts_is_flagged_and_counted():
     """vLLM merges a request's streamed outputs while its API server is behind: a stream whose
     tokens arrived together is flagged (ServeRow.coalesced), counted per path, and the summary
     says what that does to its TPOT and ITL."""
-    from harness.records.serve_summary import format_serve_summary
+    from harness.records.tables import format_serve_summary
     from harness.serving.load import ClientResult
     from harness.serving.serve import row
     from harness.workload import Prompt

@@ -20,7 +20,7 @@ from harness.link import VethLink
 from harness.offline.engine_pool import EnginePool, engine_key
 from harness.offline.pipeline import pipeline
 from harness.records.files import write_json
-from harness.records.join import TransferStats
+from harness.records.transfer_records import TransferStats
 from harness.scenario import Abort, fault_for
 from harness.workload import Prompt, Workload
 from transfer_strategies.kv_transfer_params import push_params

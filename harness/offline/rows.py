@@ -9,11 +9,12 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from harness.checks import decode_submit
-from harness.records.accuracy import codec_fields, task_score
+from harness.records.accuracy import task_score
 from harness.records.compare import compare_outputs
 from harness.records.files import JsonlWriter
-from harness.records.join import TransferStats, compute_fields, timeline, ttft_overhead_parts
+from harness.records.join import kv_gated, timeline, transfer_fields, ttft_overhead_parts
 from harness.records.schema import BaselineRow, RequestRow
+from harness.records.transfer_records import TransferStats
 from harness.workload import Prompt
 
 
@@ -23,67 +24,46 @@ def baseline_row(run_id: str, p: Prompt, t0: float, results: list[dict]) -> dict
     return BaselineRow(run_id=run_id, prompt_idx=p.index, prompt_len=len(p.token_ids),
                        ttft_ms=(r["first_token_t"] - t0) * 1e3, e2e_ms=(r["finished_t"] - t0) * 1e3,
                        token_ids=r["token_ids"], logprobs=r["logprobs"], top_ids=r.get("top_ids"),
-                       task_score=task_score(r["token_ids"], p.reference)).to_dict()
+                       task_score=task_score(r["token_ids"], p.reference))
 
 
 def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: list[dict], base: dict,
                stats: TransferStats, transfer_id: str) -> dict:
-    """requests.jsonl's row for one prompt: the two engines' results, the baseline's row, both
-    sides' transfer records and the request's timeline."""
+    """requests.jsonl's row for one prompt: the two engines' results, the baseline's row, the join of
+    both sides' transfer records (harness/records/join.py) and the request's timeline."""
     pre, dec = results
     send, recv, digest_match = stats.take_transfer(transfer_id, received=dec.get("finish_reason") not in ("abort",
                                                                                                        "error"))
-    computed = compute_fields(stats.take(transfer_id, "prefill"), stats.take(transfer_id, "decode"))
-
-    def sent(name):
-        return getattr(send, name) if send else None
-
-    def received(name):
-        return getattr(recv, name) if recv else None
-
+    joined = transfer_fields(send, recv, digest_match, stats.take(transfer_id, "prefill"),
+                             stats.take(transfer_id, "decode"))
     cmp = compare_outputs(base["token_ids"], dec["token_ids"], base["logprobs"], dec["logprobs"],
                           base.get("top_ids"), dec.get("top_ids"))
     ttft = (dec["first_token_t"] - t0) * 1e3
     prefill_ttft = (pre["first_token_t"] - t0) * 1e3
-    # On a GPU the transfer is timed on the GPU's clock (CUDA events from the forward pass done
-    # to the last payload written); the host's clock adds the wake-up latency of waiting for the
-    # GPU at either end (host minus GPU clock was -0.10 to -0.02 ms on an H200).
-    transfer_ms = sent("gpu_ms") if sent("gpu_ms") is not None else received("transfer_ms")
-    n_bytes = sent("bytes")
     t = timeline(t0, pre, dec, send, recv)
-    kv_ms = after_forward_ms = None
+    after_forward_ms = None
     if t["t_forward_done_ms"] is not None:
-        if t["t_kv_ready_ms"] is not None:
-            kv_ms = t["t_kv_ready_ms"] - t["t_forward_done_ms"]
         after_forward_ms = t["t_first_token_ms"] - t["t_forward_done_ms"]
-    # submitted early with nothing to load (all in the decode engine's prefix cache): not parked
-    gated = not (decode_submit(cfg) == "early" and recv is not None and recv.blocks == recv.skip_blocks)
-    error = received("error")
+    error = recv.error if recv is not None else None
     if dec.get("finish_reason") == "error":
         error = error or "the decode engine failed the request"
     return RequestRow(
+        **RequestRow.known(joined),
         run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name, workload=cfg.workload.name, device=device,
         prompt_idx=p.index, prompt_len=len(p.token_ids), output_len=len(dec["token_ids"]),
         conversation=p.conversation, turn=p.turn,
         match=cmp.match, first_divergence=cmp.first_divergence, max_logprob_diff=cmp.max_logprob_diff,
         near_tie=cmp.near_tie, prefill_token_match=pre["token_ids"][:1] == base["token_ids"][:1],
-        digest_match=digest_match,
         error=error, base_ttft_ms=base["ttft_ms"], base_e2e_ms=base["e2e_ms"],
         prefill_ms=(pre["finished_t"] - t0) * 1e3, prefill_ttft_ms=prefill_ttft,
         prefill_ttft_overhead_ms=prefill_ttft - base["ttft_ms"], ttft_ms=ttft, e2e_ms=(dec["finished_t"] - t0) * 1e3,
-        ttft_overhead_ms=ttft - base["ttft_ms"],
-        bytes=n_bytes, messages=sent("messages"), blocks=sent("blocks"), kv_cache_bytes=sent("kv_cache_bytes"),
-        skip_blocks=received("skip_blocks"), send_ms=sent("send_ms"), gpu_ms=sent("gpu_ms"), hook_ms=sent("hook_ms"),
-        transfer_ms=transfer_ms, transfer_host_ms=received("transfer_ms"), kv_ms=kv_ms,
-        after_forward_ms=after_forward_ms,
-        load_ms=received("load_ms"), ready_ms=received("ready_ms"), notify_ms=received("notify_ms"),
-        gbps=n_bytes / transfer_ms / 1e6 if n_bytes and transfer_ms else None,
-        **t, **ttft_overhead_parts(t, base["ttft_ms"], kv_gates_first_token=gated), **computed, fault=sent("fault"),
+        ttft_overhead_ms=ttft - base["ttft_ms"], after_forward_ms=after_forward_ms,
+        **t, **ttft_overhead_parts(t, base["ttft_ms"], kv_gated(decode_submit(cfg) == "early", recv)),
+        fault=send.fault if send is not None else None,
         aborted="+".join(n for n, r in zip(("prefill", "decode"), results) if r.get("finish_reason") == "abort")
         or None,
-        token_ids=dec["token_ids"], base_token_ids=base["token_ids"], **codec_fields(send, recv),
-        task_score=task_score(dec["token_ids"], p.reference), base_task_score=base.get("task_score"),
-    ).to_dict()
+        token_ids=dec["token_ids"], base_token_ids=base["token_ids"],
+        task_score=task_score(dec["token_ids"], p.reference), base_task_score=base.get("task_score"))
 
 
 class RunRows:

@@ -1,5 +1,5 @@
 """What a lossy strategy (transfer_strategies/codecs.py) costs in outputs, from a run's rows, for
-both runners' summaries; and a request row's share of its codec's records.
+both runners' summaries (a request row's codec fields come from the join, join.py codec_fields).
 
 A lossless strategy must give the baseline's outputs (within the baseline's own noise: the
 verdict's mismatch rule). A lossy one need not: its summary says how far it moved them, beside
@@ -23,19 +23,6 @@ falls more than that below the baseline's own rerun's:
 from __future__ import annotations
 
 from harness.records.stats import format_value
-
-ERROR_KEYS = ("max_abs", "mean_abs", "max_rel", "mean_rel")
-
-
-def codec_fields(send, recv) -> dict:
-    """A request row's codec fields from its transfer records (None for a lossless strategy)."""
-    error = send.codec_error if send is not None and send.codec_error else None
-    out = {"codec": (send or recv).codec if (send or recv) is not None else None,
-           "codec_encode_ms": send.codec_ms if send is not None else None,
-           "codec_decode_ms": recv.codec_ms if recv is not None else None}
-    for k in ERROR_KEYS:  # over the layers: the largest of the largest, the mean of the means
-        out[f"codec_{k}"] = None if error is None else (max if k.startswith("max") else _mean)(error[k])
-    return out
 
 
 def task_score(output: list[int], reference: list[int] | None) -> float | None:

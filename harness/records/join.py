@@ -1,87 +1,66 @@
-"""The connectors' records of each transfer, as both runners read them (TransferStats), and what
-a request's row takes from them: its compute fields, its timeline (TIMELINE) and the TTFT overhead
-cut along the KV's critical path (ttft_overhead_parts; runner=serve's handover: path_parts)."""
+"""The join: what a request's row takes from its transfer's records, one set of rules for both
+runners' rows (offline/rows.py, serving/serve.py): the fields fields.py declares a source for,
+copied from each side's merged record; the transfer's time and GB/s; the KV's arrival after the
+forward pass; the compute records' counts; a lossy strategy's codec fields; the request's
+timeline (TIMELINE) and the TTFT overhead cut along the KV's critical path (ttft_overhead_parts;
+runner=serve's handover: path_parts). Each runner's row keeps the fields it declares."""
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
+from harness.records.fields import CRITICAL_PATH, FIELDS, TIMELINE
+from harness.records.schema import OVERHEAD_PARTS
+from transfer_strategies.records import ComputeRecord, TransferRecord
 
-from harness.records.schema import CRITICAL_PATH, OVERHEAD_PARTS
-from harness.records.transfer_records import TransferRecordReader, digests_agree, merge_ranks
-from transfer_strategies.records import ComputeRecord, TransferRecord, compute_path, rank_path
-
-RECEIVE_WAIT_S = 30.0
+CODEC_ERRORS = ("max_abs", "mean_abs", "max_rel", "mean_rel")
 
 
-class TransferStats:
-    """The connectors' records, read as they are appended: each file from where the last read
-    stopped, only when a record asked for is not in yet. Sides: the workers' transfer records
-    ("send", "receive"), one per worker of the engine (tensor parallelism), merged, and the
-    scheduler sides' compute records ("prefill", "decode") written beside them."""
+def transfer_fields(send: TransferRecord | None, recv: TransferRecord | None, digest_match: bool | None,
+                    prefill: ComputeRecord | None = None, decode: ComputeRecord | None = None) -> dict:
+    """A request's fields from its transfer's records (TransferStats.take_transfer: each side merged
+    over its workers, and the digests' verdict) and its engines' compute records; None where a side
+    wrote none (vLLM's own connectors)."""
+    sides = {"send": send, "receive": recv}
+    out = {}
+    for f in FIELDS:
+        if f.source:
+            side, attr = f.source.split(".")
+            out[f.name] = getattr(sides[side], attr) if sides[side] is not None else None
+    out["digest_match"] = digest_match
+    out["transfer_ms"] = transfer_ms(send, recv)
+    out["gbps"] = out["bytes"] / out["transfer_ms"] / 1e6 if out["bytes"] and out["transfer_ms"] else None
+    out["kv_ms"] = None
+    if send is not None and recv is not None and send.t_forward_done is not None and recv.t_kv_ready is not None:
+        out["kv_ms"] = (recv.t_kv_ready - send.t_forward_done) * 1e3
+    return {**out, **compute_fields(prefill, decode), **codec_fields(send, recv)}
 
-    def __init__(self, *paths: Path, tp: tuple[int, int] = (1, 1), prefill_engines: int = 1,
-                 expected: bool = False):
-        """paths: the prefill engines' records, then the decode engines' (serving mode: several
-        of each, the first prefill_engines of them prefill); tp: the prefill and decode engines'
-        degrees; expected: every transfer has records (this project's connectors), so a missing
-        one is waited for."""
-        self.expected = expected
-        degrees = (tp[0],) * prefill_engines + (tp[1],) * (len(paths) - prefill_engines)
-        self.workers = {"send": tp[0], "receive": tp[1]}
-        self.readers = [TransferRecordReader(rank_path(p, r)) for p, n in zip(paths, degrees) for r in range(n)]
-        self.readers += [TransferRecordReader(compute_path(p), ComputeRecord) for p in paths]
-        self.records: dict[tuple[str, str], list[TransferRecord | ComputeRecord]] = {}
 
-    def has_both(self, transfer_id: str) -> bool:
-        """Whether both sides' records of this transfer are in, from every worker (reading what
-        was appended)."""
-        self._read()
-        return all(self._workers_in(transfer_id, side) >= n for side, n in self.workers.items())
+def transfer_ms(send: TransferRecord | None, recv: TransferRecord | None) -> float | None:
+    """The transfer's time: on a GPU the GPU's clock (CUDA events from the gather's start to the
+    last payload written: the host's clock adds the wake-up latency of waiting for the GPU at
+    either end, -0.10 to -0.02 ms against the GPU's on an H200), else the receiver's host clock."""
+    if send is not None and send.gpu_ms is not None:
+        return send.gpu_ms
+    return recv.transfer_ms if recv is not None else None
 
-    def _workers_in(self, transfer_id: str, side: str) -> int:
-        return len({getattr(r, "rank", 0) for r in self.records.get((transfer_id, side), ())})
 
-    def _read(self) -> None:
-        for reader in self.readers:
-            for r in reader.read_new():
-                self.records.setdefault((r.transfer_id, r.side), []).append(r)
+def kv_gated(early: bool, recv: TransferRecord | None) -> bool:
+    """Whether the KV gated the first token: not for a decode request submitted early with nothing
+    to load (every block in the decode engine's prefix cache: vLLM computed it without waiting)."""
+    return not (early and recv is not None and recv.blocks == recv.skip_blocks)
 
-    def _take(self, transfer_id: str, side: str, wait_s: float) -> list:
-        """A transfer side's records, one per worker (its last), handed out once, waiting up to
-        wait_s for the last worker's: a worker writes a record once its digests are in, off the
-        engine's step (records.RecordQueue), and a decode worker the record of a request it had
-        nothing to load for when the message comes; either can be after the request finished."""
-        want = self.workers.get(side, 1)
-        deadline = time.monotonic() + wait_s
-        while self._workers_in(transfer_id, side) < want:
-            self._read()
-            waits = self.expected
-            if (not waits and (transfer_id, side) not in self.records) or time.monotonic() > deadline:
-                break
-            if self._workers_in(transfer_id, side) < want:
-                time.sleep(0.01)
-        found = self.records.pop((transfer_id, side), [])
-        return list({getattr(r, "rank", 0): r for r in found}.values())
 
-    def take(self, transfer_id: str, side: str) -> ComputeRecord | None:
-        """A scheduler side's compute record ("prefill", "decode"; None: the strategy writes none)."""
-        found = self._take(transfer_id, side, 0.0)
-        return found[0] if found else None
+def codec_fields(send: TransferRecord | None, recv: TransferRecord | None) -> dict:
+    """A lossy strategy's codec and its reconstruction's error over the layers (the largest of the
+    largest, the mean of the means); None for a lossless strategy."""
+    error = send.codec_error if send is not None and send.codec_error else None
+    out = {"codec": (send or recv).codec if (send or recv) is not None else None}
+    for k in CODEC_ERRORS:
+        out[f"codec_{k}"] = None if error is None else (max if k.startswith("max") else _mean)(error[k])
+    return out
 
-    def take_transfer(self, transfer_id: str, received: bool = True
-                      ) -> tuple[TransferRecord | None, TransferRecord | None, bool | None]:
-        """Both sides' records, each merged over its engine's workers, and whether the decode
-        workers hold what the prefill workers sent, head by head (records.digests_agree).
-        received: the decode request ended having taken its KV (not aborted), so once the prefill
-        workers sent bytes a receive record must come: it is waited for up to RECEIVE_WAIT_S, not
-        1 s (on the 2-core machine under TP a decode worker's record once came later than 1 s
-        after its request ended, and the transfer went unjudged)."""
-        sends = self._take(transfer_id, "send", 1.0)
-        must_come = received and self.expected and any(s.bytes and not s.error for s in sends)
-        receives = self._take(transfer_id, "receive", RECEIVE_WAIT_S if must_come else 1.0)
-        return (merge_ranks(sends) if sends else None, merge_ranks(receives) if receives else None,
-                digests_agree(sends, receives, self.workers["send"], self.workers["receive"]))
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
 
 
 def compute_fields(prefill: ComputeRecord | None, decode: ComputeRecord | None) -> dict:
@@ -93,10 +72,6 @@ def compute_fields(prefill: ComputeRecord | None, decode: ComputeRecord | None) 
             "decode_preemptions": decode.preemptions if decode else None,
             "prefill_preemptions": prefill.preemptions if prefill else None,
             "kv_recomputed": decode.recomputed_tokens > 0 if decode else None}
-
-
-TIMELINE = ("prefill_admitted", "forward_done", "sent", "decode_submitted", "decode_admitted", "kv_arrived",
-            "load_start", "kv_ready", "kv_checked", "decode_scheduled", "prefill_token", "first_token")
 
 
 def timeline(t0: float, pre: dict, dec: dict, send: TransferRecord | None, recv: TransferRecord | None) -> dict:

@@ -24,22 +24,30 @@ from __future__ import annotations
 from pathlib import Path
 
 from harness.records.accuracy import accuracy_cost
-from harness.records.accuracy import line as accuracy_line
+from harness.records.fields import SERVE, Field
 from harness.records.files import read_jsonl
 from harness.records.provoked import aborted, fault_counts, given
-from harness.records.provoked import lines as scenario_lines
-from harness.records.schema import HANDOVER_PARTS, HANDOVER_PATH, SCHEMA_VERSION
-from harness.records.stats import Column, format_table, format_value, mean_interval, p50_with_interval, percentile
-from harness.records.summary import prefix_hits, recompute_counts
-from harness.records.tables import prefix_hit_lines
+from harness.records.schema import HANDOVER_PARTS, HANDOVER_PATH, SCHEMA_VERSION, shown_in, summarized
+from harness.records.stats import mean_interval, percentile
+from harness.records.summary import prefix_hits, recompute_counts, statistics
 from harness.records.verdict import judge
 
 # a request's error when it ran past run.request_timeout_s: a latency outcome, not a failure
 TIMED_OUT = "timed out (run.request_timeout_s)"
 
-LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms")
 
-ROUTER_MARKS = ("prefill_ttft_ms", "decode_ttft_ms")  # P/D through the project's router only
+def latencies() -> list[Field]:
+    """The latencies every path's summary gives (fields.py: SERVE's Stats), each pass's p50 too;
+    the router's marks (only_measured) aside."""
+    return [f for f in summarized(SERVE) if not f.summary[SERVE].only_measured]
+
+
+def values(f: Field, rows: list[dict]) -> list:
+    """A metric's values over rows: every element of a list field (itl_ms: every gap), else each
+    row's where it has one."""
+    if f.pooled:
+        return [v for r in rows for v in r[f.name]]
+    return [r[f.name] for r in rows if r.get(f.name) is not None]
 
 
 def rate(times: list[float]) -> float | None:
@@ -64,16 +72,10 @@ def path_stats(rows: list[dict], prefix: str = "") -> dict:
            f"{prefix}failed": sum(r["status"] == "failed" for r in rows),
            f"{prefix}timed_out": sum(r["status"] == "failed" and r["error"] == TIMED_OUT for r in rows),
            f"{prefix}cancelled": sum(r["status"] == "cancelled" for r in rows)}
-    for m in LATENCIES:
-        vals = [g for r in ok for g in r["itl_ms"]] if m == "itl_ms" else [r[m] for r in ok]
-        out.update(p50_with_interval(vals, f"{prefix}{m}_p50"))
-        out[f"{prefix}{m}_p90"] = percentile(vals, 90)
-        out[f"{prefix}{m}_p99"] = percentile(vals, 99)
-    for m in ROUTER_MARKS:
-        vals = [r[m] for r in ok if r.get(m) is not None]
-        if vals:
-            out.update(p50_with_interval(vals, f"{prefix}{m}_p50"))
-            out[f"{prefix}{m}_p99"] = percentile(vals, 99)
+    for f in summarized(SERVE):
+        vals, stats = values(f, ok), f.summary[SERVE]
+        if vals or not stats.only_measured:  # the router's marks: P/D through the project's router only
+            out.update(statistics(f"{prefix}{f.name}", vals, stats))
     sent = [r["sent_s"] for r in rows]
     ends = [r["sent_s"] + r["e2e_ms"] / 1e3 for r in ok]
     span = (max(ends) - min(sent)) if ends else None
@@ -109,30 +111,19 @@ def handover_stats(rows: list[dict]) -> dict:
     return out
 
 
-def handover_lines(s: dict) -> list[str]:
-    parts = s.get("handover_parts_mean_ms")
-    if not parts:
-        return []
-    return [f"handover, means over {s['handover_requests']} P/D requests: decode's first token "
-            f"{s['handover_ttft_mean_ms']:.1f} ms = " + "  ".join(f"{k} {v:.1f}" for k, v in parts.items()),
-            f"  against the baseline's TTFT {s['handover_base_ttft_mean_ms']:.1f} ms for the same requests: "
-            f"{s['handover_overhead_mean_ms']:+.1f} ms"]
-
-
 def across_repeats(rows: list[dict], prefix: str = "") -> dict:
     """serve.repeats: each pass's p50 of every latency (`..._p50_by_repeat`) and their mean with
     its 95% t-interval (`..._p50_across`, `_lo`, `_hi`; no interval from one pass): the spread
     between runs of the same schedule, beside the pooled p50's interval over requests."""
     reps = sorted({r.get("repeat") or 0 for r in rows})
     out = {}
-    for m in LATENCIES:
-        def values(k: int, m=m) -> list[float]:
-            ok = [r for r in rows if (r.get("repeat") or 0) == k and r["status"] == "ok"]
-            return [g for r in ok for g in r["itl_ms"]] if m == "itl_ms" else [r[m] for r in ok]
-        p50s = [percentile(values(k), 50) for k in reps]
+    for f in latencies():
+        p50s = [percentile(values(f, [r for r in rows if (r.get("repeat") or 0) == k and r["status"] == "ok"]), 50)
+                for k in reps]
         mean, lo, hi = mean_interval(p50s)
-        out.update({f"{prefix}{m}_p50_by_repeat": p50s, f"{prefix}{m}_p50_across": mean,
-                    f"{prefix}{m}_p50_across_lo": lo, f"{prefix}{m}_p50_across_hi": hi})
+        m = f"{prefix}{f.name}"
+        out.update({f"{m}_p50_by_repeat": p50s, f"{m}_p50_across": mean, f"{m}_p50_across_lo": lo,
+                    f"{m}_p50_across_hi": hi})
     return out
 
 
@@ -146,10 +137,10 @@ def probe_stats(rows: list[dict], interval_s: float | None) -> dict | None:
         mine = [r for r in rows if r["path"] == path]
         ok = [r for r in mine if r["status"] == "ok"]
         out[f"{prefix}requests"], out[f"{prefix}ok"] = len(mine), len(ok)
-        for m in ("ttft_ms", "e2e_ms"):
-            vals = [r[m] for r in ok]
-            out[f"{prefix}{m}_p50"] = percentile(vals, 50) if vals else None
-            out[f"{prefix}{m}_p99"] = percentile(vals, 99) if vals else None
+        for f in shown_in("probe", SERVE):
+            vals = values(f, ok)
+            out[f"{prefix}{f.name}_p50"] = percentile(vals, 50) if vals else None
+            out[f"{prefix}{f.name}_p99"] = percentile(vals, 99) if vals else None
     pd_ok = [r for r in rows if r["path"] == "disagg_probe" and r["status"] == "ok"]
     checked = [r for r in pd_ok if r["digest_match"] is not None]
     out["digest_checked"], out["digest_failures"] = len(checked), sum(not r["digest_match"] for r in checked)
@@ -221,68 +212,3 @@ def serve_summary(run_dir: Path, facts: dict, *, status: str, error: str | None,
         code = 0 if status == "ok" else 1
     out.update(status=status, error=error, exit_code=code)
     return out
-
-
-SUMMARY_COLUMNS = [Column("path"), Column("ok"), Column("failed"), Column("timed out", "timed_out"),
-                   Column("cancelled"),
-                   Column("scheduled", "scheduled_rate", ".2f"), Column("achieved", "achieved_rate", ".2f"),
-                   *(Column(f"{m[:-3]} p50", f"{m}_p50", ".1f", interval=True) for m in LATENCIES),
-                   *(Column(f"{m[:-3]} p99", f"{m}_p99", ".1f") for m in ("ttft_ms", "tpot_ms")),
-                   Column("req/s", "request_throughput", ".2f"), Column("tok/s", "output_throughput", ".1f"),
-                   Column("goodput", "goodput", ".2f"), Column("SLO met", "slo_attainment", ".2f")]
-
-
-def format_serve_summary(s: dict) -> str:
-    def path_row(name: str, prefix: str) -> dict:
-        return {"path": name, **{k[len(prefix):]: v for k, v in s.items() if k.startswith(prefix)}} if prefix else \
-            {"path": name, **s}
-    rows = [path_row("baseline", "base_"), path_row("P/D " + str(s.get("strategy")), "")]
-    f = format_value
-    return "\n".join([
-        format_table(rows, SUMMARY_COLUMNS), "",
-        (f"replayed the trace {s['trace']['path']} at time scale {s['trace']['time_scale']}" if s.get("trace") else
-         f"requested {f(s.get('request_rate'), '.2f')} req/s ({s.get('arrivals')})" if not s.get("ramp_up") else
-         f"requested a {s['ramp_up']['strategy']} ramp from {s['ramp_up']['start_rps']} to "
-         f"{s['ramp_up']['end_rps']} req/s ({s.get('arrivals')})") + f"; SLOs {s.get('slo')}",
-        f"P/D TTFT p50 {f(s.get('ttft_ms_p50'), '.1f')} ms at the client; at the router: the prefill's answer "
-        f"{f(s.get('prefill_ttft_ms_p50'), '.1f')}, the decode's first token {f(s.get('decode_ttft_ms_p50'), '.1f')}",
-        f"outputs: P/D matches the baseline {f(s.get('match_rate'), '.3f')} "
-        f"({s.get('mismatches')} differ, {s.get('near_ties', 0)} of them at a near tie); "
-        f"the baseline matches itself {f(s.get('baseline_self_match_rate'), '.3f')} "
-        f"({s.get('baseline_self_mismatches')} differ); digest failures {s.get('digest_failures')}/"
-        f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}", *handover_lines(s),
-        *accuracy_line(s),
-        *prefix_hit_lines(s), *scenario_lines(s), *coalesced_lines(s), *probe_lines(s), *repeat_lines(s),
-        *([f"aborted by the client at a random time: {s['aborted']}"] if s.get("aborted") else [])])
-
-
-def repeat_lines(s: dict) -> list[str]:
-    if s.get("ttft_ms_p50_across_lo") is None:  # one pass
-        return []
-    f = format_value
-
-    def across(prefix: str) -> str:
-        return (f"{f(s[f'{prefix}ttft_ms_p50_across'], '.1f')} [{f(s[f'{prefix}ttft_ms_p50_across_lo'], '.1f')}, "
-                f"{f(s[f'{prefix}ttft_ms_p50_across_hi'], '.1f')}]")
-    return [f"across {s['repeats']} runs of the schedule, TTFT p50 (mean of the runs' p50s, 95% t-interval): "
-            f"P/D {across('')} ms, baseline {across('base_')} ms"]
-
-
-def probe_lines(s: dict) -> list[str]:
-    p = s.get("probes")
-    if not p:
-        return []
-    f = format_value
-    return [f"probes (one every {p['interval_s']} s beside the load): TTFT p50 P/D {f(p['ttft_ms_p50'], '.1f')} ms, "
-            f"baseline {f(p['base_ttft_ms_p50'], '.1f')} ms; p99 {f(p['ttft_ms_p99'], '.1f')} and "
-            f"{f(p['base_ttft_ms_p99'], '.1f')} ms; {p['ok']} and {p['base_ok']} ok, {p['mismatches']} outputs "
-            f"differ, digest failures {p['digest_failures']}/{p['digest_checked']}"]
-
-
-def coalesced_lines(s: dict) -> list[str]:
-    """The warning a summary carries when streams came in bursts (coalesced)."""
-    if not (s.get("coalesced") or s.get("base_coalesced")):
-        return []
-    return [f"streams coalesced (over half of a request's token gaps under {s.get('coalesced_gap_ms')} ms): "
-            f"P/D {s.get('coalesced')} of {s.get('ok')}, baseline {s.get('base_coalesced')} of {s.get('base_ok')}; "
-            f"their TPOT and ITL are when the tokens reached the client, not when the engine made them"]

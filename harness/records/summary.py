@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from harness.records import provoked
 from harness.records.accuracy import accuracy_cost
-from harness.records.schema import CRITICAL_PATH, OVERHEAD_PARTS, SCHEMA_VERSION, SUMMARY_METRICS, UNVERSIONED
+from harness.records.fields import OFFLINE, Stats
+from harness.records.schema import CRITICAL_PATH, OVERHEAD_PARTS, SCHEMA_VERSION, UNVERSIONED, summarized
 from harness.records.stats import p50_with_interval, percentile
 
 
 def summarize(rows: list[dict]) -> dict:
-    """The per-run statistics of summary.json (results/README.md lists them): counts, and for
-    each of SUMMARY_METRICS its p50 with a bootstrap interval and its p90."""
+    """The per-run statistics of summary.json (results/README.md lists them): counts, and the
+    statistics of every metric fields.py declares summed up for an offline run."""
     version = min((r.get("schema_version", UNVERSIONED) for r in rows), default=SCHEMA_VERSION)
     out: dict = {"schema_version": version, "requests": len(rows)}
     if not rows:
@@ -34,10 +35,8 @@ def summarize(rows: list[dict]) -> dict:
                                                                     for r in clean):
         out["diagnosis"] = ("outputs differ although every KV block arrived intact (digests match): the decode "
                             "engine used the KV wrongly or before it had arrived")
-    for f in SUMMARY_METRICS:
-        vals = [r.get(f) for r in rows]
-        out.update(p50_with_interval(vals, f"{f}_p50"))
-        out[f"{f}_p90"] = percentile(vals, 90)
+    for f in summarized(OFFLINE):
+        out.update(statistics(f.name, [r.get(f.name) for r in rows], f.summary[OFFLINE]))
     means = overhead_means(rows)
     if means:
         out["overhead_mean_ms"], out["overhead_parts_mean_ms"] = means
@@ -46,6 +45,18 @@ def summarize(rows: list[dict]) -> dict:
     out["total_bytes"] = tot_bytes
     out["transfer_gbps"] = tot_bytes / tot_ms / 1e6 if tot_ms > 0 else None
     out.update(prefix_hits(rows))
+    return out
+
+
+def statistics(key: str, values: list, stats: Stats) -> dict:
+    """summary.json's statistics of one metric (fields.py Stats): `<key>_p50` with its 95% bootstrap
+    interval (`_lo`, `_hi`), `<key>_p90`, `<key>_p99`, as the declaration asks."""
+    out = {}
+    for s in stats.stats:
+        if s == "p50":
+            out.update(p50_with_interval(values, f"{key}_p50"))
+        else:
+            out[f"{key}_{s}"] = percentile(values, int(s[1:]))
     return out
 
 

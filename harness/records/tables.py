@@ -1,20 +1,28 @@
-"""What an offline run prints at its end: the per-request table and the summary's lines."""
+"""What a run prints at its end: an offline run's per-request table (format_run_table), runner=serve's
+table of both paths (format_serve_summary), and each summary's lines; the columns are the declared
+metrics' (fields.py, figures.py)."""
 
 from __future__ import annotations
 
 from harness.records import accuracy, provoked
+from harness.records.accuracy import line as accuracy_line
+from harness.records.fields import SERVE, Field
+from harness.records.figures import Figure, figures_in
+from harness.records.provoked import lines as scenario_lines
+from harness.records.schema import shown_in
 from harness.records.stats import Column, format_value
 from harness.records.stats import format_table as stats_table
 from harness.records.summary import format_overhead
 
-REQUEST_COLUMNS = [
-    Column("#", "prompt_idx"), Column("prompt", "prompt_len"), Column("out", "output_len"), Column("match"),
-    Column("tie", "near_tie"), Column("diverge@", "first_divergence"), Column("max|dlp|", "max_logprob_diff", ".1e"),
-    Column("digest", "digest_match"), Column("base ttft", "base_ttft_ms", ".1f"),
-    Column("pre ttft", "prefill_ttft_ms", ".1f"), Column("ttft", "ttft_ms", ".1f"),
-    Column("base e2e", "base_e2e_ms", ".1f"), Column("e2e", "e2e_ms", ".1f"), Column("xfer ms", "transfer_ms", ".2f"),
-    Column("kv ms", "kv_ms", ".2f"),
-    Column("bytes", "bytes"), Column("msgs", "messages"), Column("GB/s", "gbps", ".2f")]
+
+def field_column(f: Field, key: str | None = None, interval: bool = False, suffix: str = "") -> Column:
+    """A per-request metric's column (its declared header and format) over its values or one of its
+    statistics (key)."""
+    return Column(f.header + suffix, key or f.name, f.spec, interval)
+
+
+def figure_column(g: Figure) -> Column:
+    return Column(g.label, g.key, g.spec)
 
 
 def format_run_table(rows: list[dict], summary: dict) -> str:
@@ -22,7 +30,7 @@ def format_run_table(rows: list[dict], summary: dict) -> str:
     s = summary
     f = format_value
     return "\n".join([
-        stats_table(rows, REQUEST_COLUMNS), "",
+        stats_table(rows, [field_column(f) for f in shown_in("run")]), "",
         f"match {s.get('requests', 0) - s.get('mismatches', 0)}/{s.get('requests', 0)}"
         + (f" ({s['near_ties']} other(s) at a near tie)" if s.get("near_ties") else "")
         + (f" (baseline with itself {format_value(s['baseline_self_match_rate'], '.2f')})"
@@ -53,3 +61,78 @@ def overhead_lines(s: dict) -> list[str]:
     if s.get("diagnosis"):
         lines.append(s["diagnosis"])
     return lines
+
+
+def serve_columns() -> list[Column]:
+    """runner=serve's summary table, a row per path: its counts and rates, each latency's p50 with its
+    interval and, for the tail's, its p99 (fields.py and figures.py declare which)."""
+    return ([Column("path"), *(figure_column(g) for g in figures_in("serve", SERVE))]
+            + [field_column(f, f"{f.name}_p50", interval=True, suffix=" p50") for f in shown_in("serve", SERVE)]
+            + [field_column(f, f"{f.name}_p99", suffix=" p99") for f in shown_in("tail", SERVE)])
+
+
+def format_serve_summary(s: dict) -> str:
+    """What a runner=serve run prints at its end: the table of both paths and the summary's lines."""
+    def path_row(name: str, prefix: str) -> dict:
+        return {"path": name, **{k[len(prefix):]: v for k, v in s.items() if k.startswith(prefix)}} if prefix else \
+            {"path": name, **s}
+    rows = [path_row("baseline", "base_"), path_row("P/D " + str(s.get("strategy")), "")]
+    f = format_value
+    return "\n".join([
+        stats_table(rows, serve_columns()), "",
+        (f"replayed the trace {s['trace']['path']} at time scale {s['trace']['time_scale']}" if s.get("trace") else
+         f"requested {f(s.get('request_rate'), '.2f')} req/s ({s.get('arrivals')})" if not s.get("ramp_up") else
+         f"requested a {s['ramp_up']['strategy']} ramp from {s['ramp_up']['start_rps']} to "
+         f"{s['ramp_up']['end_rps']} req/s ({s.get('arrivals')})") + f"; SLOs {s.get('slo')}",
+        f"P/D TTFT p50 {f(s.get('ttft_ms_p50'), '.1f')} ms at the client; at the router: the prefill's answer "
+        f"{f(s.get('prefill_ttft_ms_p50'), '.1f')}, the decode's first token {f(s.get('decode_ttft_ms_p50'), '.1f')}",
+        f"outputs: P/D matches the baseline {f(s.get('match_rate'), '.3f')} "
+        f"({s.get('mismatches')} differ, {s.get('near_ties', 0)} of them at a near tie); "
+        f"the baseline matches itself {f(s.get('baseline_self_match_rate'), '.3f')} "
+        f"({s.get('baseline_self_mismatches')} differ); digest failures {s.get('digest_failures')}/"
+        f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}", *handover_lines(s),
+        *accuracy_line(s),
+        *prefix_hit_lines(s), *scenario_lines(s), *coalesced_lines(s), *probe_lines(s), *repeat_lines(s),
+        *([f"aborted by the client at a random time: {s['aborted']}"] if s.get("aborted") else [])])
+
+
+def handover_lines(s: dict) -> list[str]:
+    parts = s.get("handover_parts_mean_ms")
+    if not parts:
+        return []
+    return [f"handover, means over {s['handover_requests']} P/D requests: decode's first token "
+            f"{s['handover_ttft_mean_ms']:.1f} ms = " + "  ".join(f"{k} {v:.1f}" for k, v in parts.items()),
+            f"  against the baseline's TTFT {s['handover_base_ttft_mean_ms']:.1f} ms for the same requests: "
+            f"{s['handover_overhead_mean_ms']:+.1f} ms"]
+
+
+def repeat_lines(s: dict) -> list[str]:
+    if s.get("ttft_ms_p50_across_lo") is None:  # one pass
+        return []
+    f = format_value
+
+    def across(prefix: str) -> str:
+        return (f"{f(s[f'{prefix}ttft_ms_p50_across'], '.1f')} [{f(s[f'{prefix}ttft_ms_p50_across_lo'], '.1f')}, "
+                f"{f(s[f'{prefix}ttft_ms_p50_across_hi'], '.1f')}]")
+    return [f"across {s['repeats']} runs of the schedule, TTFT p50 (mean of the runs' p50s, 95% t-interval): "
+            f"P/D {across('')} ms, baseline {across('base_')} ms"]
+
+
+def probe_lines(s: dict) -> list[str]:
+    p = s.get("probes")
+    if not p:
+        return []
+    f = format_value
+    return [f"probes (one every {p['interval_s']} s beside the load): TTFT p50 P/D {f(p['ttft_ms_p50'], '.1f')} ms, "
+            f"baseline {f(p['base_ttft_ms_p50'], '.1f')} ms; p99 {f(p['ttft_ms_p99'], '.1f')} and "
+            f"{f(p['base_ttft_ms_p99'], '.1f')} ms; {p['ok']} and {p['base_ok']} ok, {p['mismatches']} outputs "
+            f"differ, digest failures {p['digest_failures']}/{p['digest_checked']}"]
+
+
+def coalesced_lines(s: dict) -> list[str]:
+    """The warning a summary carries when streams came in bursts (coalesced)."""
+    if not (s.get("coalesced") or s.get("base_coalesced")):
+        return []
+    return [f"streams coalesced (over half of a request's token gaps under {s.get('coalesced_gap_ms')} ms): "
+            f"P/D {s.get('coalesced')} of {s.get('ok')}, baseline {s.get('base_coalesced')} of {s.get('base_ok')}; "
+            f"their TPOT and ITL are when the tokens reached the client, not when the engine made them"]

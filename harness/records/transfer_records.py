@@ -1,15 +1,16 @@
 """The harness's reading and judging of the connectors' records (transfer_strategies/records.py
-defines what a connector writes): records read as their files grow, one side of a transfer merged
-over its engine's tensor-parallel workers, and whether the decode workers hold, head by head,
-what the prefill workers sent."""
+defines what a connector writes): records read as their files grow (TransferStats, both runners'
+reader), one side of a transfer merged over its engine's tensor-parallel workers (merge_ranks), and
+whether the decode workers hold, head by head, what the prefill workers sent (digests_agree)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
-from transfer_strategies.records import JsonRecord, TransferRecord
+from transfer_strategies.records import ComputeRecord, JsonRecord, TransferRecord, compute_path, rank_path
 
 # How merge_ranks combines the workers' fields: the side's last worker decides when it is done
 # and the first when it started; bytes and messages add up; the rest is the same on every rank.
@@ -118,3 +119,76 @@ class TransferRecordReader:
         end = data.rfind(b"\n") + 1
         self.offset += end
         return [self.record.from_dict(json.loads(line)) for line in data[:end].splitlines() if line.strip()]
+
+
+RECEIVE_WAIT_S = 30.0
+
+
+class TransferStats:
+    """The connectors' records, read as they are appended: each file from where the last read
+    stopped, only when a record asked for is not in yet. Sides: the workers' transfer records
+    ("send", "receive"), one per worker of the engine (tensor parallelism), merged, and the
+    scheduler sides' compute records ("prefill", "decode") written beside them."""
+
+    def __init__(self, *paths: Path, tp: tuple[int, int] = (1, 1), prefill_engines: int = 1,
+                 expected: bool = False):
+        """paths: the prefill engines' records, then the decode engines' (serving mode: several
+        of each, the first prefill_engines of them prefill); tp: the prefill and decode engines'
+        degrees; expected: every transfer has records (this project's connectors), so a missing
+        one is waited for."""
+        self.expected = expected
+        degrees = (tp[0],) * prefill_engines + (tp[1],) * (len(paths) - prefill_engines)
+        self.workers = {"send": tp[0], "receive": tp[1]}
+        self.readers = [TransferRecordReader(rank_path(p, r)) for p, n in zip(paths, degrees) for r in range(n)]
+        self.readers += [TransferRecordReader(compute_path(p), ComputeRecord) for p in paths]
+        self.records: dict[tuple[str, str], list[TransferRecord | ComputeRecord]] = {}
+
+    def has_both(self, transfer_id: str) -> bool:
+        """Whether both sides' records of this transfer are in, from every worker (reading what
+        was appended)."""
+        self._read()
+        return all(self._workers_in(transfer_id, side) >= n for side, n in self.workers.items())
+
+    def _workers_in(self, transfer_id: str, side: str) -> int:
+        return len({getattr(r, "rank", 0) for r in self.records.get((transfer_id, side), ())})
+
+    def _read(self) -> None:
+        for reader in self.readers:
+            for r in reader.read_new():
+                self.records.setdefault((r.transfer_id, r.side), []).append(r)
+
+    def _take(self, transfer_id: str, side: str, wait_s: float) -> list:
+        """A transfer side's records, one per worker (its last), handed out once, waiting up to
+        wait_s for the last worker's: a worker writes a record once its digests are in, off the
+        engine's step (records.RecordQueue), and a decode worker the record of a request it had
+        nothing to load for when the message comes; either can be after the request finished."""
+        want = self.workers.get(side, 1)
+        deadline = time.monotonic() + wait_s
+        while self._workers_in(transfer_id, side) < want:
+            self._read()
+            waits = self.expected
+            if (not waits and (transfer_id, side) not in self.records) or time.monotonic() > deadline:
+                break
+            if self._workers_in(transfer_id, side) < want:
+                time.sleep(0.01)
+        found = self.records.pop((transfer_id, side), [])
+        return list({getattr(r, "rank", 0): r for r in found}.values())
+
+    def take(self, transfer_id: str, side: str) -> ComputeRecord | None:
+        """A scheduler side's compute record ("prefill", "decode"; None: the strategy writes none)."""
+        found = self._take(transfer_id, side, 0.0)
+        return found[0] if found else None
+
+    def take_transfer(self, transfer_id: str, received: bool = True
+                      ) -> tuple[TransferRecord | None, TransferRecord | None, bool | None]:
+        """Both sides' records, each merged over its engine's workers, and whether the decode
+        workers hold what the prefill workers sent, head by head (records.digests_agree).
+        received: the decode request ended having taken its KV (not aborted), so once the prefill
+        workers sent bytes a receive record must come: it is waited for up to RECEIVE_WAIT_S, not
+        1 s (on the 2-core machine under TP a decode worker's record once came later than 1 s
+        after its request ended, and the transfer went unjudged)."""
+        sends = self._take(transfer_id, "send", 1.0)
+        must_come = received and self.expected and any(s.bytes and not s.error for s in sends)
+        receives = self._take(transfer_id, "receive", RECEIVE_WAIT_S if must_come else 1.0)
+        return (merge_ranks(sends) if sends else None, merge_ranks(receives) if receives else None,
+                digests_agree(sends, receives, self.workers["send"], self.workers["receive"]))

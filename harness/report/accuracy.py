@@ -5,30 +5,43 @@ cost against bytes saved. scripts/lossy_report.py and notebooks/analysis.ipynb d
 
 Bytes saved and time are against `fused` at the same prompt length in the same runs, so a report
 is only as good as the runs it reads: give it a sweep of fused and the lossy strategies run
-together (README: "Lossy strategies").
+together (docs/strategies.md, lossy strategies).
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from harness.records.fields import FIELDS, Field
+from harness.records.figures import figures_in
+from harness.records.stats import Column, format_table
+
 KEYS = ["model", "device", "prompt_len"]  # what a strategy is compared with fused within
-COLUMNS = ["model", "device", "strategy", "prompt_len", "runs", "requests", "codec", "bytes_p50", "bytes_vs_fused",
-           "codec_max_rel", "codec_mean_rel", "match_rate", "baseline_self_match_rate", "accuracy_drop", "near_ties",
-           "first_divergence_mean", "logprob_drift_max", "logprob_drift_mean", "task_score", "base_task_score",
-           "codec_encode_ms_p50", "codec_decode_ms_p50", "transfer_ms_p50", "transfer_ms_vs_fused", "kv_ms_p50",
-           "kv_ms_vs_fused", "ttft_overhead_ms_p50", "status"]
+
+
+def metrics() -> list[Field]:
+    """The per-request metrics the report shows (fields.py's "accuracy" and "vs_fused" views): their
+    runs' p50, and for "vs_fused" that as a share of fused's at the same length."""
+    return [f for f in FIELDS if {"accuracy", "vs_fused"} & set(f.shown)]
+
+
+def columns() -> list[str]:
+    per_request = [c for f in metrics() for c in (f"{f.name}_p50", *([f"{f.name}_vs_fused"] if "vs_fused" in f.shown
+                                                                      else []))]
+    return ["model", "device", "strategy", "prompt_len", "runs", *(g.key for g in figures_in("accuracy")),
+            *per_request, "status"]
 
 
 def accuracy_table(runs: pd.DataFrame) -> pd.DataFrame:
     """runs: load_runs' frame. Runs of one model, device, strategy and prompt length are pooled
-    (means; counts summed; the worst status); only the model, device and prompt lengths where a
-    lossy strategy ran are kept, with fused's rows there (its bytes and time are the reference)."""
+    (each figure as figures.py says: means, counts summed; the worst status); only the model,
+    device and prompt lengths where a lossy strategy ran are kept, with fused's rows there (its
+    bytes and time are the reference)."""
     df = runs.copy()
     df["prompt_len"] = df.get("workload.prompt_len")
     # a run of several lengths (a benchmark's prompts file, workload=jsonl) has none to compare at
     df = df[pd.to_numeric(df["prompt_len"], errors="coerce").notna()]
-    for col in COLUMNS:
+    for col in columns():
         if col not in df:
             df[col] = None
     df["runs"] = 1
@@ -41,37 +54,34 @@ def accuracy_table(runs: pd.DataFrame) -> pd.DataFrame:
     in_cell = pd.Series([tuple(k) in cells for k in df[KEYS].astype(str).values], index=df.index, dtype=bool)
     df = df[in_cell & (lossy | (df["strategy"] == "fused"))]
     df["codec"] = df["codec"].fillna("-")
-    agg = {c: "mean" for c in COLUMNS if c not in (*KEYS, "strategy", "runs", "requests", "near_ties", "codec",
-                                                   "status", "bytes_vs_fused", "transfer_ms_vs_fused",
-                                                   "kv_ms_vs_fused")}
-    agg.update(runs="sum", requests="sum", near_ties="sum", codec="first",
-               status=lambda s: "ok" if (s == "ok").all() else ",".join(sorted(set(map(str, s)) - {"ok"})))
+    agg = {"runs": "sum", **{g.key: g.pooled for g in figures_in("accuracy")},
+           **{f"{f.name}_p50": "mean" for f in metrics()},
+           "status": lambda s: "ok" if (s == "ok").all() else ",".join(sorted(set(map(str, s)) - {"ok"}))}
     for c in agg:
         if agg[c] == "mean":
             df[c] = pd.to_numeric(df[c], errors="coerce")
     out = df.groupby([*KEYS, "strategy"], dropna=False).agg(agg).reset_index()
     fused = out[out["strategy"] == "fused"].set_index(KEYS)
     at = pd.MultiIndex.from_frame(out[KEYS])
-    for col, base in (("bytes_vs_fused", "bytes_p50"), ("transfer_ms_vs_fused", "transfer_ms_p50"),
-                      ("kv_ms_vs_fused", "kv_ms_p50")):
-        ref = fused[base].reindex(at).to_numpy() if len(fused) else float("nan")
-        out[col] = out[base] / ref
-    return out[COLUMNS].sort_values([*KEYS, "bytes_vs_fused"], ascending=[True, True, True, False],
-                                    ignore_index=True)
+    for f in metrics():
+        if "vs_fused" in f.shown:
+            base = f"{f.name}_p50"
+            ref = fused[base].reindex(at).to_numpy() if len(fused) else float("nan")
+            out[f"{f.name}_vs_fused"] = out[base] / ref
+    return out[columns()].sort_values([*KEYS, "bytes_vs_fused"], ascending=[True, True, True, False],
+                                      ignore_index=True)
 
 
 def to_markdown(table: pd.DataFrame) -> str:
-    def cell(v, col):
-        if v is None or (isinstance(v, float) and v != v):
-            return "-"
-        if col in ("codec_max_rel", "codec_mean_rel", "logprob_drift_max", "logprob_drift_mean"):
-            return f"{v:.2e}"
-        if isinstance(v, float):
-            return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
-        return str(v)
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cell(r[c], c) for c in COLUMNS) + " |" for _, r in table.iterrows()]
-    return "\n".join(lines)
+    """The table in Markdown, each figure and metric with its declared header and format."""
+    per_request = []
+    for f in metrics():
+        per_request.append(Column(f"{f.header} p50", f"{f.name}_p50", f.spec))
+        if "vs_fused" in f.shown:
+            per_request.append(Column(f"{f.header} / fused's", f"{f.name}_vs_fused", ".3g"))
+    columns = [Column("model"), Column("device"), Column("strategy"), Column("prompt", "prompt_len"), Column("runs"),
+               *(Column(g.label, g.key, g.spec) for g in figures_in("accuracy")), *per_request, Column("status")]
+    return format_table(table.to_dict("records"), columns, markdown=True)
 
 
 def plot_cost_against_bytes(table: pd.DataFrame, ax=None):

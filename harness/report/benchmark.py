@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.records.schema import CRITICAL_PATH, OVERHEAD_PARTS
+from harness.records.fields import Field
+from harness.records.schema import CRITICAL_PATH, OVERHEAD_PARTS, shown_in
 from harness.records.stats import Column, format_table, p50_with_interval
 from harness.records.summary import format_overhead, overhead_means
 from harness.report.load import load_requests
@@ -21,26 +22,26 @@ def write_tables(out: Path, labels: list[str], ceiling: float, title: str) -> st
     rows = strategy_rows(load_requests(*(out / s for s in labels if (out / s).is_dir())), labels, ceiling)
     table = f"{title}\n\n{strategy_table(rows)}\n\n{INTERVAL_NOTE}"
     (out / "table.md").write_text(table + "\n")
-    pd.DataFrame(rows, columns=CSV_COLUMNS).to_csv(out / "rows.csv", index=False)
+    pd.DataFrame(rows, columns=csv_columns()).to_csv(out / "rows.csv", index=False)
     plot(out, title=title)
     return table
 
 
-# Per strategy and prompt length: the median of the requests, with its bootstrap interval
-MEDIANS = ["bytes", "messages", "transfer_ms", "transfer_host_ms", "gbps", "notify_ms", "ready_ms", "kv_ms",
-           "after_forward_ms", "ttft_ms", "base_ttft_ms", "ttft_overhead_ms", "prefill_ttft_overhead_ms"]
+def medians() -> list[str]:
+    """Per strategy and prompt length, the median of each metric the benchmark shows (fields.py's
+    "bench" view), with its bootstrap interval."""
+    return [f.name for f in shown_in("bench")]
 
 
-# ... and the means of the TTFT overhead's parts (they add up to the mean overhead)
-CSV_COLUMNS = (["strategy", "prompt_len", "bytes", "messages", "transfer_ms", "transfer_host_ms", "gbps",
-                "ceiling_share", "notify_ms", "ready_ms", "kv_ms", "after_forward_ms", "ttft_ms", "base_ttft_ms",
-                "ttft_overhead_ms", "prefill_ttft_overhead_ms", "match_rate", "digest_ok", "overhead_mean_ms",
-                *OVERHEAD_PARTS]
-               + [f"{k}_{end}" for k in [*MEDIANS, "ceiling_share"] for end in ("lo", "hi")])
+def csv_columns() -> list[str]:
+    """rows.csv: the cell, the medians, their share of the ceiling, outputs and digests, the means of
+    the TTFT overhead's parts (they add up to the mean overhead), then each median's interval."""
+    return (["strategy", "prompt_len", *medians(), "ceiling_share", "match_rate", "digest_ok", "overhead_mean_ms",
+             *OVERHEAD_PARTS] + [f"{k}_{end}" for k in [*medians(), "ceiling_share"] for end in ("lo", "hi")])
 
 
 INTERVAL_NOTE = ("Each value is the median of that strategy's requests of that length; [lo, hi] is its 95% bootstrap "
-                 "interval (1000 resamples, harness/stats.py), shown where the requests differ.")
+                 "interval (1000 resamples, harness/records/stats.py), shown where the requests differ.")
 
 
 def strategy_rows(requests: pd.DataFrame, labels: list[str], ceiling: float) -> list[dict]:
@@ -49,7 +50,7 @@ def strategy_rows(requests: pd.DataFrame, labels: list[str], ceiling: float) -> 
     rows = []
     for label, n, g in cells(requests, labels):
         row = {"strategy": label, "prompt_len": n}
-        for k in MEDIANS:
+        for k in medians():
             row.update(p50_with_interval(g[k] if k in g else [None] * len(g), k))
         mean, parts = overhead_means(g.to_dict("records")) or (None, {})
         row["overhead_mean_ms"] = mean
@@ -84,26 +85,23 @@ def _true(v) -> bool:
 
 
 def strategy_table(rows: list[dict]) -> str:
-    """The Markdown table of strategy_rows: each median with its interval."""
-    def overhead(key):  # also as a share of the baseline's TTFT
-        median = Column(key, spec=".1f", interval=True)
-        return lambda r: median.cell(r) + (f" ({r[key] / r['base_ttft_ms']:+.0%})" if r[key] is not None
-                                           and r["base_ttft_ms"] else "")
-
-    columns = [Column("strategy"), Column("prompt", "prompt_len"), Column("KV bytes moved", "bytes", ".0f", True),
-               Column("messages", "messages", ".0f", True), Column("transfer ms", "transfer_ms", ".3f", True),
-               Column("host clock ms", "transfer_host_ms", ".3f", True), Column("GB/s", "gbps", ".2f", True),
-               Column("of ceiling", "ceiling_share", ".2f", True), Column("notify ms", "notify_ms", ".3f", True),
-               Column("KV ready ms", "ready_ms", ".3f", True), Column("KV e2e ms", "kv_ms", ".3f", True),
-               Column("after forward ms", "after_forward_ms", ".1f", True),
-               Column("TTFT ms", "ttft_ms", ".1f", True),
-               Column("baseline TTFT ms", "base_ttft_ms", ".1f", True),
-               Column("TTFT overhead", overhead("ttft_overhead_ms")),
-               Column("prefill TTFT overhead", overhead("prefill_ttft_overhead_ms")),
-               Column("overhead parts, mean ms", overhead_parts),
-               Column("match", lambda r: f"{r['match_rate']:.0%}"),
-               Column("digests", digests_cell)]
+    """The Markdown table of strategy_rows: each median with its interval (a throughput also as a
+    share of the ceiling, an overhead as a share of what its declaration names)."""
+    columns = [Column("strategy"), Column("prompt", "prompt_len")]
+    for f in shown_in("bench"):
+        columns.append(Column(f.header, share_cell(f) if f.share_of else f.name, f.spec, interval=True))
+        if f.unit == "GB/s":
+            columns.append(Column("of ceiling", "ceiling_share", ".2f", True))
+    columns += [Column("overhead parts, mean ms", overhead_parts), Column("match", lambda r: f"{r['match_rate']:.0%}"),
+                Column("digests", digests_cell)]
     return format_table(rows, columns, markdown=True)
+
+
+def share_cell(f: Field):
+    """A median with its interval, and as a share of another median (a TTFT overhead of the baseline's TTFT)."""
+    median = Column(f.name, spec=f.spec, interval=True)
+    return lambda r: median.cell(r) + (f" ({r[f.name] / r[f.share_of]:+.0%})" if r[f.name] is not None
+                                       and r[f.share_of] else "")
 
 
 def digests_cell(r: dict) -> str:

@@ -26,13 +26,16 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.records.schema import RequestRow, field_names
+from harness.records.schema import RequestRow, shown_in
 from harness.records.stats import Column, format_table, p50_with_interval
 from harness.report.benchmark import cells
 from harness.report.load import RUN_FILES, load_requests, load_runs
 
-METRICS = ["ttft_overhead_ms", "after_forward_ms", "prefill_ttft_overhead_ms", "transfer_ms", "kv_ms",
-           "overhead_check_ms", "overhead_decode_ms"]
+
+def metrics() -> list[str]:
+    """The metrics judged by default: those fields.py shows in the "gate" view."""
+    return [f.name for f in shown_in("gate")]
+
 # An interval is the spread within one engine start, not between two: runs of the same code in
 # other engine starts missed each other's intervals by 0.25 ms (2026-11-30-s4/ab-per_request_blocks,
 # old-0 and old-2, transfer_ms at 8k) and 0.34 ms (2026-11-30-s6/ttft-nodigests against ttft-early,
@@ -50,8 +53,8 @@ def argument_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("new", type=Path, metavar="NEW_DIR", help="the benchmark under test")
     ap.add_argument("ref", type=Path, metavar="REF_DIR", help="the reference benchmark")
-    ap.add_argument("--metrics", nargs="+", default=METRICS,
-                    help=f"requests.jsonl times to compare (spaces or commas; default: {' '.join(METRICS)})")
+    ap.add_argument("--metrics", nargs="+", default=metrics(),
+                    help=f"requests.jsonl times to compare (spaces or commas; default: {' '.join(metrics())})")
     ap.add_argument("--slack-ms", type=float, default=SLACK_MS,
                     help=f"how far the intervals may miss each other before a cell is slower or faster "
                          f"(default {SLACK_MS:g})")
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def checked_metrics(given: list[str]) -> list[str]:
     # slower/faster and the slack are in ms: a metric where more is better (gbps) would read backwards
-    times = [f for f in field_names(RequestRow) if f.endswith("_ms")]
+    times = [f.name for f in RequestRow.fields if f.unit == "ms" and f.better == "lower"]
     metrics = [m for arg in given for m in arg.split(",") if m]
     for m in metrics:
         if m not in times:

@@ -23,13 +23,23 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.records.stats import p50_with_interval
+from harness.records.fields import Field
+from harness.records.schema import shown_in
+from harness.records.stats import Column, format_table, p50_with_interval
 
 KEYS = ["model", "device", "prompt_len", "link"]
-COLUMNS = ["model", "device", "prompt_len", "link", "link_ceiling_gbit", "strategy", "transport", "requests",
-           "ttft_overhead_ms_p50", "ttft_overhead_ms_p50_lo", "ttft_overhead_ms_p50_hi",
-           "after_forward_ms_p50", "after_forward_ms_p50_lo", "after_forward_ms_p50_hi",
-           "prefill_ttft_overhead_ms_p50", "transfer_ms_p50", "kv_ms_p50", "bytes_p50", "match_rate", "status"]
+
+
+def metrics() -> list[Field]:
+    """The medians a row shows (fields.py's "link" view), each with its interval: from a run's
+    summary, or per prompt length from its requests where it has several (by_prompt_length)."""
+    return shown_in("link")
+
+
+def columns() -> list[str]:
+    return ["model", "device", "prompt_len", "link", "link_ceiling_gbit", "strategy", "transport", "requests",
+            *(f"{f.name}_p50{end}" for f in metrics() for end in ("", "_lo", "_hi")), "match_rate", "status"]
+
 # what ranks strategies: the TTFT overhead less its prefill part (the prefill's forward pass done ->
 # the decode engine's first token), free of the forward pass's own run-to-run spread, which on a
 # 2-core machine running three engines moves the baseline's TTFT 2x between runs; it leaves out what
@@ -46,11 +56,6 @@ def _link(row) -> tuple[str, float]:
     if rate is None or rate != rate:
         return f"{kind}, unshaped", 1e6  # slower than shared memory, faster than any shaped link
     return f"{rate:g} Gbit/s", float(rate)
-
-
-# the medians a run's summary gives and a row of the table shows, taken per prompt length where a
-# run has several (by_prompt_length)
-PER_REQUEST = ["ttft_overhead_ms", "after_forward_ms", "prefill_ttft_overhead_ms", "transfer_ms", "kv_ms", "bytes"]
 
 
 def by_prompt_length(runs: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame:
@@ -71,8 +76,8 @@ def by_prompt_length(runs: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame
             g = mine[mine["prompt_len"] == n]
             row = {**r, "workload.prompt_len": int(n), "requests": len(g),
                    "match_rate": float(g["match"].map(lambda v: v is True or v == 1).mean())}
-            for k in PER_REQUEST:
-                row.update(p50_with_interval(pd.to_numeric(g[k], errors="coerce"), f"{k}_p50"))
+            for f in metrics():
+                row.update(p50_with_interval(pd.to_numeric(g[f.name], errors="coerce"), f"{f.name}_p50"))
             out.append(row)
     return pd.DataFrame(out)
 
@@ -92,10 +97,10 @@ def link_table(runs: pd.DataFrame) -> pd.DataFrame:
     df["link"], df["link_rate"] = [lbl for lbl, _ in links], [g for _, g in links]
     ceiling = df.get("link_ceiling_gbps", pd.Series(None, index=df.index))
     df["link_ceiling_gbit"] = pd.to_numeric(ceiling, errors="coerce") * 8
-    for col in COLUMNS:
+    for col in columns():
         if col not in df:
             df[col] = None
-    numeric = [c for c in COLUMNS if c not in (*KEYS, "strategy", "transport", "status", "requests")]
+    numeric = [c for c in columns() if c not in (*KEYS, "strategy", "transport", "status", "requests")]
     for c in numeric:
         df[c] = pd.to_numeric(df[c], errors="coerce")
     agg = dict.fromkeys(numeric, "mean")
@@ -104,7 +109,7 @@ def link_table(runs: pd.DataFrame) -> pd.DataFrame:
     out = df.groupby([*KEYS, "strategy", "transport"], dropna=False).agg(agg).reset_index()
     out = out.sort_values(["model", "device", "prompt_len", "link_rate", f"{RANK}_p50"],
                           ascending=[True, True, True, False, True], ignore_index=True)
-    return out[[*COLUMNS, "link_rate"]]
+    return out[[*columns(), "link_rate"]]
 
 
 def _name(row) -> str:
@@ -163,26 +168,13 @@ def crossovers(table: pd.DataFrame, metric: str = RANK) -> list[str]:
 
 
 def to_markdown(table: pd.DataFrame) -> str:
-    head = ["prompt", "link", "link ceiling Gbit/s", "strategy", "transport", "TTFT overhead ms [95%]",
-            "after forward ms [95%]", "prefill's token ms",
-            "transfer ms", "KV e2e ms", "MB moved", "match", "status"]
-
-    def f(v, spec=".3g"):
-        return "-" if v is None or v != v else format(v, spec)
-
-    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
-    for _, r in table.iterrows():
-        ttft = (f"{f(r['ttft_overhead_ms_p50'], '+.1f')} [{f(r['ttft_overhead_ms_p50_lo'], '.1f')}, "
-                f"{f(r['ttft_overhead_ms_p50_hi'], '.1f')}]")
-        after = (f"{f(r['after_forward_ms_p50'], '.1f')} [{f(r['after_forward_ms_p50_lo'], '.1f')}, "
-                 f"{f(r['after_forward_ms_p50_hi'], '.1f')}]")
-        mb = r["bytes_p50"] / 1e6 if r["bytes_p50"] == r["bytes_p50"] else None
-        lines.append("| " + " | ".join([
-            str(int(r["prompt_len"])) if r["prompt_len"] == r["prompt_len"] else "-", r["link"],
-            f(r["link_ceiling_gbit"]), r["strategy"], r["transport"], ttft, after,
-            f(r["prefill_ttft_overhead_ms_p50"], ".1f"), f(r["transfer_ms_p50"]), f(r["kv_ms_p50"]), f(mb),
-            f(r["match_rate"]), str(r["status"])]) + " |")
-    return "\n".join(lines)
+    """The table in Markdown: the cell, then each declared metric's median [95% interval]."""
+    rows = table.assign(prompt=table["prompt_len"].map(lambda n: "-" if n != n else str(int(n))))
+    columns = [Column("prompt"), Column("link"), Column("link ceiling Gbit/s", "link_ceiling_gbit"),
+               Column("strategy"), Column("transport"),
+               *(Column(f"{f.header} [95%]", f"{f.name}_p50", f.spec, interval=True) for f in metrics()),
+               Column("match", "match_rate"), Column("status")]
+    return format_table(rows.to_dict("records"), columns, markdown=True)
 
 
 def plot_ttft_against_link(table: pd.DataFrame, axes=None):

@@ -9,27 +9,35 @@ from pathlib import Path
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from harness.records.fields import OFFLINE, SERVE
+from harness.records.figures import figures_in
+from harness.records.schema import shown_in
 from harness.records.stats import Column, format_table
+from harness.records.tables import field_column, figure_column
 
-# p50s with their bootstrap interval (summary.json's _lo/_hi): the jobs are compared
-COLUMNS = [Column(k) for k in ("job", "overrides", "status", "strategy", "model", "workload", "requests",
-                               "match_rate", "digest_failures")]
-COLUMNS += [Column(k, interval=True) for k in ("ttft_ms_p50", "base_ttft_ms_p50", "e2e_ms_p50", "transfer_ms_p50")]
-COLUMNS += [Column("bytes_p50"), Column("transfer_gbps")]
-# what a lossy strategy cost in outputs (records/accuracy.py; "-" for the others), workload=corpus's task score
-COLUMNS += [Column("codec"), Column("accuracy_drop"), Column("task_score")]
-# runner=serve jobs: latency under load, goodput and correctness against the baseline's own noise
-SERVE_COLUMNS = [Column(k) for k in ("job", "overrides", "status", "strategy", "request_rate")]
-SERVE_COLUMNS += [Column("achieved", "achieved_rate", ".2f")]
-SERVE_COLUMNS += [Column(k, interval=True) for k in ("ttft_ms_p50", "base_ttft_ms_p50", "tpot_ms_p50",
-                                                     "base_tpot_ms_p50")]
-SERVE_COLUMNS += [Column(k, spec=".3g") for k in ("ttft_ms_p99", "goodput", "base_goodput", "slo_attainment",
-                                                   "match_rate", "baseline_self_match_rate", "digest_failures")]
-# the handover's mean TTFT overhead against the same requests' baseline (each run's summary cuts it into parts)
-SERVE_COLUMNS += [Column("handover overhead ms", "handover_overhead_mean_ms", "+.1f")]
-KEYS = list(dict.fromkeys(k for c in COLUMNS + SERVE_COLUMNS
-                          for k in ([c.key, f"{c.key}_lo", f"{c.key}_hi"] if c.interval else [c.key])))
-KEYS.append("runner")
+JOB = [Column(k) for k in ("job", "overrides", "status", "strategy")]
+
+
+def columns(runner: str) -> list[Column]:
+    """A sweep's table for its runner's jobs: what each job was, the run-level figures figures.py
+    shows in a sweep, and each metric's p50 with its bootstrap interval (summary.json's _lo/_hi): an
+    offline job's "sweep" metrics; a serving job's latencies on both paths (the baseline's `base_`)
+    and their tail."""
+    out = JOB + ([Column(k) for k in ("model", "workload")] if runner == OFFLINE else [])
+    out += [figure_column(g) for g in figures_in("sweep", runner)]
+    if runner == OFFLINE:
+        return out + [field_column(f, f"{f.name}_p50", interval=True, suffix=" p50") for f in shown_in("sweep")]
+    for f in shown_in("serve", SERVE):
+        out += [field_column(f, f"{prefix}{f.name}_p50", interval=True, suffix=f" p50{label}")
+                for prefix, label in (("", ""), ("base_", " (baseline)"))]
+    return out + [field_column(f, f"{f.name}_p99", suffix=" p99") for f in shown_in("tail", SERVE)]
+
+
+def keys() -> list[str]:
+    """The summary.json keys a sweep's table reads, for either runner."""
+    cols = columns(OFFLINE) + columns(SERVE)
+    return [*dict.fromkeys(k for c in cols for k in ([c.key, f"{c.key}_lo", f"{c.key}_hi"] if c.interval
+                                                     else [c.key])), "runner"]
 
 
 def sweep_rows(sweep_dir: Path) -> list[dict]:
@@ -45,13 +53,13 @@ def sweep_rows(sweep_dir: Path) -> list[dict]:
         overrides = job / ".hydra" / "overrides.yaml"
         s["overrides"] = (" ".join(OmegaConf.to_container(OmegaConf.load(overrides)))
                           if overrides.exists() else None)
-        rows.append({"job": job.name, **{k: s.get(k) for k in KEYS if k != "job"}})
+        rows.append({"job": job.name, **{k: s.get(k) for k in keys() if k != "job"}})
     return rows
 
 
 def format_rows(rows: list[dict]) -> str:
     serve = any(r.get("runner") == "serve" for r in rows)
-    return format_table(rows, SERVE_COLUMNS if serve else COLUMNS, align="left")
+    return format_table(rows, columns(SERVE if serve else OFFLINE), align="left")
 
 
 class SweepSummary(Callback):

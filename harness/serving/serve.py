@@ -41,13 +41,15 @@ from omegaconf import DictConfig, OmegaConf
 from harness import scenario
 from harness.checks import ConfigError, checked_inputs, decode_submit, stored_kv_dtype
 from harness.engine_config import pulls, tp_degrees
-from harness.records.accuracy import codec_fields, task_score
+from harness.records.accuracy import task_score
 from harness.records.compare import compare_outputs
 from harness.records.files import JsonlWriter, read_jsonl, write_json
-from harness.records.join import TransferStats, compute_fields, path_parts, record_stamps
+from harness.records.join import kv_gated, path_parts, record_stamps, transfer_fields
 from harness.records.meta import versions
 from harness.records.schema import HANDOVER_PATH, ServeRow
-from harness.records.serve_summary import coalesced, format_serve_summary, serve_summary
+from harness.records.serve_summary import coalesced, serve_summary
+from harness.records.tables import format_serve_summary
+from harness.records.transfer_records import TransferStats
 from harness.records.verdict import ended_early
 from harness.serving.arrivals import build as build_arrivals
 from harness.serving.deployment import ServingDeployment, instance_counts
@@ -223,16 +225,15 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, ba
     if ok and base is not None and base.status == "ok":
         cmp = compare_outputs(base.token_ids, r.token_ids, base.logprobs, r.logprobs, base.top_ids, r.top_ids)
     send = recv = digest_match = None
-    computed = compute_fields(None, None)
+    joined = transfer_fields(None, None, None)
     if stats is not None and r.transfer_id:
         # a request the client abandoned may have left before its KV was taken: no receive record to wait for
         send, recv, digest_match = stats.take_transfer(r.transfer_id, received=r.status == "ok")
-        computed = compute_fields(stats.take(r.transfer_id, "prefill"), stats.take(r.transfer_id, "decode"))
-    kv_ms = None
-    if send is not None and recv is not None and send.t_forward_done and recv.t_kv_ready:
-        kv_ms = (recv.t_kv_ready - send.t_forward_done) * 1e3
+        joined = transfer_fields(send, recv, digest_match, stats.take(r.transfer_id, "prefill"),
+                                 stats.take(r.transfer_id, "decode"))
     parts = handover(cfg, r, send, recv) if ok and path.startswith("disagg") else None
     return ServeRow(
+        **ServeRow.known(joined),
         run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name, workload=cfg.workload.name, device=device,
         path=path, request_idx=r.index, prompt_idx=r.prompt_idx, prompt_len=r.prompt_len,
         output_len=len(r.token_ids), conversation=p.conversation, turn=p.turn, status=r.status, error=r.error,
@@ -245,14 +246,8 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, ba
         base_ttft_ms=(base.t_first * 1e3 if path.startswith("disagg") and base is not None and base.t_first is not None
                       else None),
         **{f"handover_{part}_ms": parts[part] if parts else None for part, _ in HANDOVER_PATH},
-        digest_match=digest_match, transfer_error=recv.error if recv else None,
-        bytes=send.bytes if send else None, blocks=send.blocks if send else None,
-        skip_blocks=recv.skip_blocks if recv else None,
-        transfer_ms=(send.gpu_ms if send and send.gpu_ms is not None else (recv.transfer_ms if recv else None)),
-        kv_ms=kv_ms, decode_computed_tokens=computed["decode_computed_tokens"],
-        decode_preemptions=computed["decode_preemptions"], kv_recomputed=computed["kv_recomputed"],
         token_ids=r.token_ids, fault=r.fault, aborted="client" if r.aborted else None,
-        task_score=task_score(r.token_ids, p.reference) if ok else None, **codec_fields(send, recv)).to_dict()
+        task_score=task_score(r.token_ids, p.reference) if ok else None)
 
 
 def handover(cfg, r: ClientResult, send, recv) -> dict[str, float] | None:
@@ -265,8 +260,7 @@ def handover(cfg, r: ClientResult, send, recv) -> dict[str, float] | None:
         return None
     t = {f"t_{e}_ms": None if v is None else (v - r.t_origin) * 1e3 for e, v in record_stamps(send, recv).items()}
     t.update(t_routed_ms=r.t_routed * 1e3, t_first_token_ms=first * 1e3)
-    gated = not (decode_submit(cfg) == "early" and recv is not None and recv.blocks == recv.skip_blocks)
-    return path_parts(t, HANDOVER_PATH, kv_gates_first_token=gated)
+    return path_parts(t, HANDOVER_PATH, kv_gates_first_token=kv_gated(decode_submit(cfg) == "early", recv))
 
 
 class RowWriter:
