@@ -1,7 +1,8 @@
 """Slim run directories before committing them under results/cpu or results/gpu: what can be made
 again is removed, the records are gzipped, machine paths in logs become placeholders
 (tools/results_slim.py lists the rules; tests/test_results_index.py holds the committed tree to
-them). Then `python scripts/results_index.py` writes results/INDEX.md again.
+them). Then `python scripts/results_index.py` writes results/INDEX.md (and FINDINGS.md) again; each run
+directory's own files stay within 256 KiB and results/ within 15 MB (tools/results_index.py).
 
     python scripts/slim_results.py results/gpu/2026-12-04-s20            # every rule
     python scripts/slim_results.py --dry-run results/gpu/2026-12-04-s20  # what it would change

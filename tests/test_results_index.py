@@ -1,10 +1,12 @@
-"""The committed results stay navigable and lean: results/INDEX.md is what scripts/results_index.py
-writes, its headline figures point at run directories that exist and quote their documents, no
-run directory passes its size budget nor results/ its total, and nothing the slimming rules make
-again or leave out (tools/results_slim.py) is committed. Fast: no engines."""
+"""The committed results stay navigable and lean: results/INDEX.md and results/FINDINGS.md are what
+scripts/results_index.py writes, every headline figure of results/headlines.yaml is what its run
+directory's records give (and the check says so when one is not), no run directory passes its
+size budget nor results/ its total, and nothing the slimming rules make again or leave out
+(tools/results_slim.py) is committed. Fast: no engines."""
 
 from __future__ import annotations
 
+import copy
 import gzip
 import hashlib
 import json
@@ -13,10 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from harness.records.files import read_jsonl
 from harness.report.load import load_requests, run_config
-from tools import results_index
+from tools import results_findings, results_index
 from tools.results_slim import RULES, digests_fingerprint, leftovers, regenerated_prompts, slim
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,39 +44,122 @@ REMOVED_PROMPTS = {
 
 
 def tracked() -> set[str] | None:
-    """The files git holds under results/ (relative to the project root), or None outside a checkout:
-    what is committed, not what a run or --replot left beside it (git-ignored)."""
+    """The files git holds or would take under results/ (tracked, or new and not ignored; relative to
+    the project root), or None outside a checkout: what is committed, not what a run or --replot
+    left beside it (git-ignored)."""
     try:
-        out = subprocess.run(["git", "ls-files", "-z", "results"], cwd=ROOT, capture_output=True, check=True).stdout
+        out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "results"],
+                             cwd=ROOT, capture_output=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     return {p for p in out.decode().split("\0") if p}
 
 
-def test_index_is_what_the_script_writes():
-    assert results_index.is_current(), "results/INDEX.md is not current: python scripts/results_index.py"
+def test_index_and_findings_are_what_the_script_writes():
+    assert results_index.problems() == [], "python scripts/results_index.py"
     p = subprocess.run([sys.executable, str(ROOT / "scripts" / "results_index.py"), "--check"], cwd=ROOT,
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
 
 
-def test_headlines_point_at_existing_run_directories_and_quote_their_documents():
-    assert results_index.check_headlines() == []
-    runs = results_index.run_dirs()
-    for h in results_index.HEADLINES:
-        d = ROOT / "results" / h.run
-        # runs the loader reads, or (scripts/bench_router.py's) the tool's own record
-        assert any(r == d or d in r.parents for r in runs) or (d / "router.json").exists(), h.run
+def test_every_headline_is_what_its_records_give():
+    headlines = results_findings.load()
+    assert len(headlines) >= 20
+    assert results_findings.check(headlines=headlines) == []
+    done, _ = results_findings.evaluate(headlines)
+    # FINDINGS.md shows each figure as its records give it, in its run directory's row
+    findings = (ROOT / results_findings.FINDINGS).read_text()
+    assert all(f"| {h['text']} | [`{h['run']}/`]({h['run']}/) |" in findings for h in done)
 
 
-def test_a_headline_whose_directory_is_gone_fails_the_index(monkeypatch):
-    gone = results_index.Headline("x", "1 ms", "gpu/no-such-session/ttft", "README.md", "no such text anywhere")
-    monkeypatch.setattr(results_index, "HEADLINES", [*results_index.HEADLINES, gone])
-    errors = results_index.check_headlines()
-    assert any("gpu/no-such-session/ttft does not exist" in e for e in errors)
-    assert any("does not quote" in e for e in errors)
-    with pytest.raises(ValueError):
-        results_index.render()
+def _changed(index: int, **changes) -> list[dict]:
+    headlines = copy.deepcopy(results_findings.load())
+    headlines[index].update(changes)
+    return headlines
+
+
+def test_a_headline_whose_figure_disagrees_with_its_records_fails():
+    headlines = copy.deepcopy(results_findings.load())
+    h = next(h for h in headlines if h["run"] == "gpu/2026-12-04-s23/ttft")
+    h["values"]["overhead"]["value"] = 13.7  # the records give 13.6 at .1f
+    h["values"]["transfer"]["value"] = 0.5111  # the same as the records at the stated .3f: holds
+    errors = results_findings.check(headlines=headlines)
+    assert errors == ["headline 1 ('GPU, fused: TTFT overhead at 8k tokens, one H200 (code ba72303)'): overhead: its "
+                      "records give +13.6 ms [9.0, 17.6], results/headlines.yaml states +13.7 ms [9.0, 17.6]"]
+    h["values"]["overhead"].update(value=13.6, interval=[9.0, 17.5])  # an interval's end counts too
+    assert "states +13.6 ms [9.0, 17.5]" in results_findings.check(headlines=headlines)[0]
+    with pytest.raises(ValueError, match="its records give"):
+        results_findings.render(headlines=headlines)
+
+
+def test_a_headline_whose_run_directory_is_gone_fails():
+    errors = results_findings.check(headlines=_changed(0, run="gpu/no-such-session/ttft"))
+    assert len(errors) == 1 and errors[0].endswith("its run directory results/gpu/no-such-session/ttft does not exist")
+    headlines = copy.deepcopy(results_findings.load())
+    headlines[0]["values"]["overhead"]["from"] = "no-such-run"
+    assert "overhead: results/gpu/2026-12-04-s23/ttft/no-such-run does not exist" in \
+        results_findings.check(headlines=headlines)[0]
+
+
+def test_a_headline_that_cannot_be_read_says_why():
+    bad = _changed(0, figure="{overhead} and {missing}", note="x")
+    bad[0]["values"]["overhead"]["stat"] = "p99"
+    errors = results_findings.check(headlines=bad)
+    assert "unknown key 'note'" in errors[0] and "figure names 'missing', which values lacks" in errors[1]
+    assert any("stat 'p99' is not one of" in e for e in errors)
+    json_where = copy.deepcopy(results_findings.load())
+    h = next(h for h in json_where if h["run"] == "cpu/2026-12-01-s8-router")
+    h["values"]["added"]["where"] = {"prompt_len": 128}  # a JSON file has no rows to pick
+    assert any("added: results/cpu/2026-12-01-s8-router/router.json: stat is for requests, where for requests and "
+               "CSV rows" in e for e in results_findings.check(headlines=json_where))
+
+
+def test_the_check_reads_each_kind_of_record_and_finds_a_stale_findings_file(tmp_path, monkeypatch):
+    monkeypatch.setattr(results_index, "RENAMED", {})  # the committed tree's, not this one's
+    bench = tmp_path / "results" / "cpu" / "2026-01-02-s3-bench"
+    (tmp_path / "results" / "gpu").mkdir(parents=True)
+    for name, ms in (("fused", [1.0, 2.0, 3.0, 4.0, 9.0]), ("layerwise", [5.0, 6.0, 7.0, 8.0, 9.0])):
+        (bench / name).mkdir(parents=True)
+        rows = [{"run_id": name, "strategy": name, "prompt_idx": i, "prompt_len": 64 * (1 + i % 2),
+                 "transfer_ms": v, "schema_version": 10} for i, v in enumerate(ms)]
+        (bench / name / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (bench / name / "summary.json").write_text(json.dumps({"status": "ok", "p": {"x": 2.5, "x_lo": 1, "x_hi": 4}}))
+    (bench / "rows.csv").write_text("strategy,prompt_len,share\nfused,64,0.91\nfused,128,0.42\n")
+    (bench / "wall_s.txt").write_text("54.1\n")
+    headlines = [{"what": "every kind", "run": "cpu/2026-01-02-s3-bench", "measured": "python x.py",
+                  "figure": "{p50}; {mean}; {json}; {csv}; {txt}; {minus}; {over}",
+                  "values": {
+                      "p50": {"from": "fused", "where": {"prompt_len": 64}, "key": "transfer_ms", "stat": "p50",
+                              "format": ".1f", "unit": "ms", "value": 3.0, "interval": [1.0, 9.0]},
+                      "mean": {"from": "layerwise", "key": "transfer_ms", "stat": "mean", "format": ".1f",
+                               "value": 7.0},
+                      "json": {"from": "fused/summary.json", "key": "p.x", "format": ".1f", "value": 2.5,
+                               "interval": [1, 4]},
+                      "csv": {"from": "rows.csv", "where": {"strategy": "fused", "prompt_len": 128}, "key": "share",
+                              "format": ".2f", "value": 0.42},
+                      "txt": {"from": "wall_s.txt", "format": ".0f", "unit": "s", "value": 54},
+                      "minus": {"from": "layerwise", "key": "transfer_ms", "stat": "max",
+                                "minus": {"from": "fused", "key": "transfer_ms", "stat": "min"},
+                                "format": "+.0f", "value": 8},
+                      "over": {"from": "layerwise", "key": "transfer_ms", "stat": "p50",
+                               "over": {"from": ".", "key": "transfer_ms", "stat": "p50"}, "format": ".3g",
+                               "value": 1.27}}}]
+    (tmp_path / results_findings.HEADLINES).write_text(yaml.safe_dump(headlines))
+    assert results_findings.check(tmp_path) == []
+    results_index.write(tmp_path)
+    assert results_index.problems(tmp_path) == []
+    findings = (tmp_path / results_findings.FINDINGS).read_text()
+    assert "| 3.0 ms [1.0, 9.0]; 7.0; 2.5 [1.0, 4.0]; 0.42; 54 s; +8; 1.27 |" in findings
+    assert "cpu/2026-01-02-s3-bench" in (tmp_path / results_index.INDEX).read_text()  # cited by FINDINGS.md
+
+    (tmp_path / results_findings.FINDINGS).write_text(findings.replace("54 s", "55 s"))  # edited by hand
+    assert results_index.problems(tmp_path) == [
+        "results/FINDINGS.md is not what results/headlines.yaml and the records write: python scripts/results_index.py"]
+    (bench / "wall_s.txt").write_text("56.0\n")  # measured again, the YAML not updated
+    assert results_index.problems(tmp_path) == [
+        "headline 1 ('every kind'): txt: its records give 56 s, results/headlines.yaml states 54 s"]
+    (bench / "rows.csv").unlink()
+    assert "csv: results/cpu/2026-01-02-s3-bench/rows.csv does not exist" in results_index.problems(tmp_path)[0]
 
 
 def test_every_run_directory_is_within_its_size_budget():

@@ -1,5 +1,8 @@
 """What a committed results tree (results/cpu, results/gpu) keeps, and the slimming that gets it
-there: a run directory is committed with what cannot be made again, compressed.
+there: a run directory is committed with what cannot be made again, compressed. This, not a budget
+raised as sessions add runs, is what holds results/ to its 15 MB: what is left of each run stays
+within tools/results_index.py's RUN_BUDGET_BYTES (256 KiB; tests/test_results_index.py checks both),
+and a session that would pass the total archives superseded runs instead.
 
 Each rule names files that are made again or that never mean anything once the run has ended
 (`leftovers` finds them, `slim` deals with them; tests/test_results_index.py holds the committed
