@@ -1,5 +1,5 @@
 """The accuracy-cost table of lossy strategies against fused, from run directories (a sweep of
-fused and the lossy strategies run together: README, "Lossy strategies"), as markdown, and its
+fused and the lossy strategies run together: docs/strategies.md, "Lossy strategies"), as markdown, and its
 figure (accuracy cost against bytes saved).
 
     python -m harness -m hydra.sweep.dir=OUT strategy=fused,fused_fp8,fused_int8,fused_int4 \\

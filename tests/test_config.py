@@ -1,7 +1,7 @@
-"""The configs, without engines: every command the README shows and every override the configs'
-comments show composes as written (Hydra's compose API on conf/, as `python -m harness` composes
-it, a sweep's comma lists expanded into its jobs), and passes the harness's own checks of values;
-the namespaces (strategy params, check, transport) reach the connectors as agreed."""
+"""The configs, without engines: every command the README and docs/*.md show and every override
+the configs' comments show composes as written (Hydra's compose API on conf/, as `python -m
+harness` composes it, a sweep's comma lists expanded into its jobs), and passes the harness's own
+checks of values; the namespaces (strategy params, check, transport) reach the connectors as agreed."""
 
 from __future__ import annotations
 
@@ -50,9 +50,14 @@ def missing(cfg) -> list[str]:
 
 
 # ---------------------------------------------------------------------- what the docs show
-def readme_code_lines() -> list[str]:
-    """The README's indented code lines, continuation lines joined."""
-    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+# The README and the reference pages show their commands in indented code (4 spaces); fenced
+# blocks are for code in other languages (test_the_docs_show_commands_in_indented_code_only).
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def code_lines(doc: Path) -> list[str]:
+    """A document's indented code lines, continuation lines joined."""
+    text = doc.read_text().replace("\\\n", " ")
     return [line.strip() for line in text.splitlines() if line.startswith("    ")]
 
 
@@ -60,38 +65,51 @@ def without_comment(line: str) -> str:
     return line.split(" #", 1)[0]
 
 
-def readme_harness_commands() -> list[list[str]]:
-    commands = []
-    for line in readme_code_lines():
-        m = re.search(r"python -m harness(?![.\w])(.*)", line)  # not harness.serving.router: below
-        if m:
-            commands.append([a for a in shlex.split(without_comment(m.group(1))) if a not in ("-m", "--multirun")])
-    return commands
+def shown(pattern: str) -> list[tuple[str, list[str]]]:
+    """(document, arguments) for each code line of the README and docs/ that runs what `pattern`
+    matches: the arguments are what follows the match, its comment left out."""
+    return [(doc.relative_to(ROOT).as_posix(), shlex.split(without_comment(m.group(1))))
+            for doc in DOCS for line in code_lines(doc) if (m := re.search(pattern, line))]
 
 
-def readme_router_commands() -> list[list[str]]:
-    return [shlex.split(without_comment(m.group(1))) for line in readme_code_lines()
-            if (m := re.search(r"python -m harness\.serving\.router\b(.*)", line))]
+def harness_commands() -> list[tuple[str, list[str]]]:
+    """`python -m harness` (or python3) lines, not harness.serving.*: below."""
+    return [(doc, [a for a in args if a not in ("-m", "--multirun")])
+            for doc, args in shown(r"python3? -m harness(?![.\w])(.*)")]
 
 
-def test_every_readme_router_command_is_accepted():
+def router_commands() -> list[tuple[str, list[str]]]:
+    return shown(r"python3? -m harness\.serving\.router\b(.*)")
+
+
+def test_the_docs_show_commands_in_indented_code_only():
+    """The tests here read indented code lines: a command in a fenced shell block would go
+    unchecked, so a fence opens only a block of another language (docs/strategies.md's Python)."""
+    for doc in DOCS:
+        fence = None
+        for n, line in enumerate(doc.read_text().splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                fence = line.strip()[3:] if fence is None else None
+                assert fence is None or fence == "python", f"{doc.relative_to(ROOT)}:{n}: {line.strip()}"
+
+
+def test_every_documented_router_command_is_accepted():
     from harness.serving.router import argument_parser
 
-    assert readme_router_commands()
-    for args in readme_router_commands():
+    assert router_commands()
+    for _, args in router_commands():
         a = argument_parser().parse_args(args)
         assert a.prefill and a.decode
 
 
-def test_every_readme_deploy_command_composes_as_runner_serve_and_passes_the_checks():
+def test_every_documented_deploy_command_composes_as_runner_serve_and_passes_the_checks():
     """python -m harness.serving.deploy: runner=serve's configuration (the entry point puts runner=serve
     first), its instance counts checked as deploy checks them; the test deployment of
-    tests/test_serve_deployment.py runs the README's 2P1D one."""
+    tests/test_serve_deployment.py runs the README's 2P2D one."""
     from harness.serving.serve import check_instances
     from tests.helpers.serving import DEPLOY
 
-    commands = [shlex.split(without_comment(m.group(1))) for line in readme_code_lines()
-                if (m := re.search(r"python -m harness\.serving\.deploy\b(.*)", line))]
+    commands = [args for _, args in shown(r"python3? -m harness\.serving\.deploy\b(.*)")]
     assert len(commands) >= 2 and list(DEPLOY) in commands
     for args in commands:
         cfg = compose_job(["runner=serve", *args])
@@ -100,13 +118,11 @@ def test_every_readme_deploy_command_composes_as_runner_serve_and_passes_the_che
         check_instances(cfg)
 
 
-def readme_bench_commands() -> list[tuple[str, list[str], bool]]:
+def bench_commands() -> list[tuple[str, str, list[str], bool]]:
     commands = []
-    for line in readme_code_lines():
-        m = re.search(r"scripts/bench_strategies\.py\b(.*)", line)
-        if m:
-            args = bench.argument_parser().parse_args(shlex.split(without_comment(m.group(1))))
-            commands.append((args.experiment, args.overrides, args.two_gpus))
+    for doc, args in shown(r"scripts/bench_strategies\.py\b(.*)"):
+        a = bench.argument_parser().parse_args(args)
+        commands.append((doc, a.experiment, a.overrides, a.two_gpus))
     return commands
 
 
@@ -150,26 +166,28 @@ def yaml_comment_overrides() -> list[tuple[str, list[str]]]:
     return found
 
 
-README_COMMANDS = readme_harness_commands()
+DOC_COMMANDS = harness_commands()
 YAML_OVERRIDES = yaml_comment_overrides()
 
 
 def test_the_docs_show_what_is_composed_below():
-    """The extraction itself: it finds what the README and the configs document."""
-    flat = [" ".join(c) for c in README_COMMANDS]
-    assert len(README_COMMANDS) >= 8 and any("transport=gloo" in c for c in flat)
+    """The extraction itself: it finds what the README, docs/ and the configs document."""
+    flat = [" ".join(c) for _, c in DOC_COMMANDS]
+    assert len(DOC_COMMANDS) >= 8 and any("transport=gloo" in c for c in flat)
     assert any("check.corrupt=true" in c for c in flat) and any("hydra/launcher=slurm" in c for c in flat)
-    shown = {o[-1] for _, o in YAML_OVERRIDES}
+    assert {"README.md", "docs/configuration.md", "docs/strategies.md", "docs/serving.md",
+            "docs/transports.md"} <= {doc for doc, _ in DOC_COMMANDS}
+    in_comments = {o[-1] for _, o in YAML_OVERRIDES}
     assert {"strategy.params.granularity=block", "tracking.mode=online", "check.corrupt=true",
-            "transport.staging_mb=1024", "bench.lengths=[32,2048]", "hydra.launcher.gpus_per_node=2"} <= shown
-    assert len(readme_bench_commands()) >= 3
+            "transport.staging_mb=1024", "bench.lengths=[32,2048]", "hydra.launcher.gpus_per_node=2"} <= in_comments
+    assert len(bench_commands()) >= 3 and {"README.md", "docs/benchmarking.md"} <= {c[0] for c in bench_commands()}
 
 
-@pytest.mark.parametrize("overrides", README_COMMANDS, ids=" ".join)
-def test_every_readme_command_composes_and_passes_the_checks(overrides):
+@pytest.mark.parametrize("doc,overrides", DOC_COMMANDS, ids=[f"{d}: {' '.join(o)}" for d, o in DOC_COMMANDS])
+def test_every_documented_command_composes_and_passes_the_checks(doc, overrides):
     for job in jobs(overrides):
         cfg = compose_job(job)
-        assert not missing(cfg), "a command in the README must be complete"
+        assert not missing(cfg), f"a command {doc} shows must be complete"
         check_settings(cfg)
         check_parallelism(cfg)
 
@@ -182,8 +200,8 @@ def test_every_override_in_the_configs_comments_composes(where, overrides):
             check_settings(cfg)
 
 
-@pytest.mark.parametrize("experiment,overrides,two_gpus", readme_bench_commands())
-def test_every_readme_benchmark_command_composes(experiment, overrides, two_gpus):
+@pytest.mark.parametrize("doc,experiment,overrides,two_gpus", bench_commands())
+def test_every_documented_benchmark_command_composes(doc, experiment, overrides, two_gpus):
     plan = bench.Plan.compose(experiment, overrides, two_gpus)
     assert plan.lengths and plan.strategies
     for strategy in plan.strategies:

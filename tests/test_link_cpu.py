@@ -64,7 +64,7 @@ def test_bad_link_settings_are_bad_input(tmp_path):
 @pytest.mark.engine
 @pytest.mark.parametrize("transport", cells(["gloo", "nixl"], {"nixl"}))
 def test_kv_crosses_links_of_two_speeds_bit_for_bit_on_engines_started_once(tmp_path, transport):
-    """A sweep across two link speeds, as the README shows it: over gloo's TCP, and over NIXL told
+    """A sweep across two link speeds, as docs/transports.md shows it: over gloo's TCP, and over NIXL told
     the link (UCX would take shared memory, which no link carries: a KV of 4 MiB a request then
     moves at several GB/s, not at the link's 0.25). The second run takes the first one's engines
     and link, reshaped: each run's measured ceiling is its own set rate, and once the sweep's

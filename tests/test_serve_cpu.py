@@ -362,7 +362,7 @@ README_SERVE_2P1D = ("runner=serve", "strategy=fused", "serve.prefill_instances=
 @pytest.mark.engine
 @FULL
 def test_two_prefill_instances_and_the_prefill_token_streamed(results_dir):
-    """The README's 2P1D example: both prefill instances serve, every transfer is checked, the
+    """docs/serving.md's 2P1D example: both prefill instances serve, every transfer is checked, the
     client's TTFT is the prefill's answer, the decode's first token is recorded beside it; the
     baseline on as many instances as the P/D side (matched: 3), each of which serves."""
     run = run_harness(results_dir / "serve-2p1d", *README_SERVE_2P1D)

@@ -253,7 +253,7 @@ def test_a_decode_worker_fed_by_two_channels_goes_on_when_one_closes():
 
 # --------------------------------------------------------------------------- NIXL's own ceiling
 def test_the_nixl_probe_writes_intact_over_ucx_tcp_as_the_readme_shows():
-    """scripts/nixl_probe.py as the README runs it on a GPU, here on host memory."""
+    """scripts/nixl_probe.py as docs/transports.md runs it on a GPU, here on host memory."""
     import subprocess
     import sys
 
