@@ -52,7 +52,7 @@ def prefix_hit_lines(s: dict) -> list[str]:
 
 
 def overhead_lines(s: dict) -> list[str]:
-    """The mean TTFT overhead and its parts (README: what each time means)."""
+    """The mean TTFT overhead and its parts (docs/measurements.md: what the times mean)."""
     lines = []
     if s.get("overhead_parts_mean_ms"):
         lines.append(f"ttft overhead mean {format_overhead(s['overhead_mean_ms'], s['overhead_parts_mean_ms'])} ms"
