@@ -36,8 +36,10 @@ test-full: setup lint
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not engine and not gpu and not slow"
 
+# ruff, and the architecture: imports down the layers, no module over 400 lines (tools/check_architecture.py)
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/python tools/check_architecture.py
 
 bench: setup
 	$(BIN)/python scripts/bench_demo.py

@@ -1,36 +1,14 @@
 """Entry point: python -m harness [overrides]. See conf/config.yaml."""
 
-import os
-import signal
 import sys
-
-# The harness process imports vLLM only to check the strategy; its log lines belong to the engines' logs.
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from harness import PROJECT_ROOT, resolvers
-
-resolvers.register()
-
-
-def _terminated(signum, frame):
-    # SIGTERM (a scheduler's, timeout's, kill's) ends a run as Ctrl-C does: engines stopped, the
-    # records so far kept, a link's namespaces removed (the default action would leave them); a
-    # second one ends the process at once
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
-def stop_on_signals() -> None:
-    """SIGTERM as Ctrl-C (_terminated), and Ctrl-C itself even where the process was started
-    with SIGINT ignored (a background job of a non-interactive shell: Python then leaves it
-    ignored, and a deployment outlived the test that pressed Ctrl-C)."""
-    signal.signal(signal.SIGTERM, _terminated)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+from harness import PROJECT_ROOT
+from harness.startup import stop_on_signals
 
 
 # An absolute path: relative ones resolve against the calling module, which for the console

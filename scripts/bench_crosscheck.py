@@ -126,7 +126,7 @@ def main() -> int:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    import harness.__main__  # noqa: F401 - the config's resolvers
+    import harness.startup  # noqa: F401 - the config's resolvers
     from harness.checks import ConfigError, checked_inputs
     from harness.engine_config import engine_args, engine_env
     from harness.records.files import write_json

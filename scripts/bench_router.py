@@ -25,7 +25,7 @@ from omegaconf import OmegaConf
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import harness.__main__  # noqa: E402,F401 - the config's resolvers
+import harness.startup  # noqa: E402,F401 - the config's resolvers
 from harness.checks import checked_inputs  # noqa: E402
 from harness.engine_config import engine_args, engine_env  # noqa: E402
 from harness.records.files import write_json  # noqa: E402

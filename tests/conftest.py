@@ -29,8 +29,8 @@ from omegaconf import DictConfig, OmegaConf
 from harness import resolvers
 
 ROOT = Path(__file__).resolve().parent.parent
-resolvers.register()  # as harness/__main__.py does
-os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # as harness/__main__.py does (the engines inherit it)
+resolvers.register()  # as harness/startup.py does
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # as harness/startup.py does (the engines inherit it)
 # the checks in tests/helpers assert as a test module does: rewritten by pytest, a failure shows the
 # values compared (registered before any test module imports them)
 pytest.register_assert_rewrite("tests.helpers")

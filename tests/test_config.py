@@ -106,7 +106,7 @@ def test_every_documented_deploy_command_composes_as_runner_serve_and_passes_the
     """python -m harness.serving.deploy: runner=serve's configuration (the entry point puts runner=serve
     first), its instance counts checked as deploy checks them; the test deployment of
     tests/test_serve_deployment.py runs the README's 2P2D one."""
-    from harness.serving.serve import check_instances
+    from harness.serving.checks import check_instances
     from tests.helpers.serving import DEPLOY
 
     commands = [args for _, args in shown(r"python3? -m harness\.serving\.deploy\b(.*)")]

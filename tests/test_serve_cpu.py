@@ -19,17 +19,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import harness.__main__  # noqa: F401 - registers the config's resolvers
+import harness.startup  # noqa: F401 - registers the config's resolvers
 from harness import process_group
 from harness.engine_config import free_port
 from harness.records.files import read_jsonl
 from harness.records.schema import HANDOVER_PARTS
 from harness.report.load import load_requests, load_runs
 from harness.serving import arrivals
+from harness.serving.checks import check_instances
 from harness.serving.instances import InstanceDied, ServerProcess, serve_command
 from harness.serving.load import TIMED_OUT, LoadError, LoadSpec, arrival_schedule
 from harness.serving.router import PREFIX_TOKENS, Pool, Router
-from harness.serving.serve import check_instances
 from tests.conftest import FULL, SLOW, compose_config, refused_in_process, run_harness
 from tests.helpers.serving import config
 
@@ -182,7 +182,7 @@ def test_a_ramp_up_moves_the_rate_from_start_to_end_as_vllm_bench_serve_does():
 
 
 def test_probes_are_a_short_request_every_interval_through_the_load():
-    from harness.serving.serve import probe_schedule
+    from harness.serving.schedule import probe_schedule
 
     load = arrival_schedule(spec(arrivals=arrivals.constant, num_requests=12), [[1]])  # 10 req/s up to 1.1 s
     probes, prompts = probe_schedule(config("runner=serve", "serve.probes.interval_s=0.25"), load)
@@ -221,7 +221,7 @@ def test_a_stream_that_came_in_bursts_is_flagged_and_counted():
     says what that does to its TPOT and ITL."""
     from harness.records.tables import format_serve_summary
     from harness.serving.load import ClientResult
-    from harness.serving.serve import row
+    from harness.serving.rows import row
     from harness.workload import Prompt
     from tests.helpers.serving import serve_summary_of
 

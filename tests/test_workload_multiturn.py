@@ -155,8 +155,9 @@ def test_serving_a_conversation_sends_each_turn_once_the_previous_has_its_answer
 
     from aiohttp import web
 
+    from harness.serving.checks import check_serve_workload
     from harness.serving.load import LoadSpec, send_all
-    from harness.serving.serve import check_serve_workload, request_schedule
+    from harness.serving.schedule import request_schedule
 
     w = conversations(num_conversations=2, turns=3)
     spec = LoadSpec(request_rate=float("inf"), num_requests=3)

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from harness.serving.load import LoadSpec
-from harness.serving.serve import request_schedule
+from harness.serving.schedule import request_schedule
 from harness.workload import WorkloadError, trace
 from tests.conftest import ROOT, run_harness
 from tests.helpers.tokenizer import FakeTokenizer

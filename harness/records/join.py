@@ -1,5 +1,5 @@
 """The join: what a request's row takes from its transfer's records, one set of rules for both
-runners' rows (offline/rows.py, serving/serve.py): the fields fields.py declares a source for,
+runners' rows (offline/rows.py, serving/rows.py): the fields fields.py declares a source for,
 copied from each side's merged record; the transfer's time and GB/s; the KV's arrival after the
 forward pass; the compute records' counts; a lossy strategy's codec fields; the request's
 timeline (TIMELINE) and the TTFT overhead cut along the KV's critical path (ttft_overhead_parts;

@@ -26,13 +26,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from harness import PROJECT_ROOT
-from harness.__main__ import stop_on_signals  # also the entry point's logging and resolvers
 from harness.checks import ConfigError, checked_inputs
 from harness.records.files import write_json
+from harness.serving.checks import check_instances
 from harness.serving.deployment import ServingDeployment
 from harness.serving.instances import InstanceDied
 from harness.serving.load import LoadError
-from harness.serving.serve import check_instances
+from harness.startup import stop_on_signals  # also the entry points' logging and resolvers
 from harness.workload import WorkloadError
 
 

@@ -1,0 +1,134 @@
+"""runner=serve's passes, as the offline runner's (offline/run.py): the warm-up of both paths, then
+the schedule sent to each path in turn (the baseline, its second pass for its own noise, the P/D
+path), serve.repeats times, interleaved so that drift falls on both; the probes beside each path's
+first pass; every request's row written as it ends (rows.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import uuid
+
+from omegaconf import DictConfig
+
+from harness.records.files import JsonlWriter
+from harness.records.transfer_records import TransferStats
+from harness.serving.deployment import ServingDeployment, instance_counts
+from harness.serving.instances import InstanceDied
+from harness.serving.load import ClientResult, LoadSpec, ScheduledRequest, send_all
+from harness.serving.rows import RowWriter, row
+from harness.serving.schedule import scenario_schedule
+from harness.workload import Prompt, Workload, warmup_workload
+
+
+def served_model(cfg: DictConfig) -> str:
+    return cfg.serve.model_name or str(cfg.model.path)
+
+
+class Client:
+    """The load generator as a run uses it: the served model, the run's request ids, its sampling,
+    the deployment's watchdog (an instance that dies ends the load), a conversation's turns."""
+
+    def __init__(self, cfg: DictConfig, spec: LoadSpec, deployment: ServingDeployment, workload: Workload,
+                 probes: list[ScheduledRequest]):
+        self.cfg, self.spec, self.deployment, self.workload, self.probes = cfg, spec, deployment, workload, probes
+        self.model, self.tag = served_model(cfg), uuid.uuid4().hex[:6]
+
+    def _sending(self, path: str, url: str, reqs, on_result, timeout_s: float, limit: int | None):
+        d, w = self.deployment, self.workload
+        return send_all(url, self.model, reqs, max_tokens=self.cfg.sampling.max_tokens, max_concurrency=limit,
+                        timeout_s=timeout_s, id_prefix=f"{self.tag}-{path}", logprobs=self.cfg.sampling.logprobs,
+                        on_result=on_result, watchdog=None if d.external else d.watchdog,
+                        turn_ids=lambda req: w.prompts[req.prompt_idx].token_ids)
+
+    def load(self, path: str, url: str, reqs, on_result=None, timeout_s: float | None = None, on_probe=None):
+        """The requests on one path, with the probes beside them where on_probe takes them."""
+        timeout_s = timeout_s or self.cfg.run.request_timeout_s
+        limit = self.spec.max_concurrency
+        if on_probe is None:
+            return asyncio.run(self._sending(path, url, reqs, on_result, timeout_s, limit))
+
+        async def beside():
+            results, _ = await asyncio.gather(self._sending(path, url, reqs, on_result, timeout_s, limit),
+                                              self._sending(f"{path}-probe", url, self.probes, on_probe, timeout_s,
+                                                            None))
+            return results
+        return asyncio.run(beside())
+
+
+class ServePasses:
+    """A run's passes over its deployment, each request's row written as it ends (baseline.jsonl,
+    requests.jsonl, probes.jsonl), every pass compared with the baseline's first."""
+
+    def __init__(self, cfg: DictConfig, client: Client, run_id: str, device: str, stats: TransferStats | None,
+                 outs: dict[str, JsonlWriter], probe_prompts: list[Prompt], timings: dict):
+        self.cfg, self.client, self.run_id, self.device, self.stats = cfg, client, run_id, device, stats
+        self.outs, self.probe_prompts, self.timings = outs, probe_prompts, timings
+        self.base: dict[int, ClientResult] = {}  # the baseline's first pass, by request
+        self.base_probes: dict[int, ClientResult] = {}
+
+    def warm_up(self) -> None:
+        """run.warmup_requests unmeasured requests through each path first: every instance's first
+        use (the connector's included), as many at once as the largest side has instances (round
+        robin and least outstanding both spread requests sent together), with none of the measured
+        prompts' tokens, which a prefix cache would keep (warmup_workload)."""
+        cfg, d = self.cfg, self.client.deployment
+        if not cfg.run.warmup_requests:
+            return
+        t0 = time.monotonic()
+        sides = tuple(instance_counts(cfg).values())
+        warm = [ScheduledRequest(i, p.index, p.token_ids, 0.0) for i, p in enumerate(
+            warmup_workload(self.client.workload, cfg.run.warmup_requests * max(sides)).prompts)]
+        for path in ("baseline", "disagg"):
+            # first use (the connector's buffers, compilation) may take far longer than a request may
+            for r in self.client.load(f"warmup-{path}", d.urls[path], warm, timeout_s=cfg.run.startup_timeout_s):
+                if r.status != "ok":
+                    raise InstanceDied(f"warm-up request through the {path} path failed: {r.error}")
+        self.timings["warmup_s"] = time.monotonic() - t0
+
+    def all(self, schedule: list[ScheduledRequest]) -> None:
+        """serve.repeats passes of the schedule on each path, interleaved; the baseline's second pass
+        once; probes beside the first passes only."""
+        for rep in range(self.cfg.serve.repeats):
+            self.one("baseline", "baseline", rep, schedule)
+            if self.cfg.serve.baseline_repeat and not rep:
+                self.one("baseline_repeat", "baseline", rep, schedule)
+            self.one("disagg", "disagg", rep, schedule)
+
+    def one(self, path: str, target: str, rep: int, schedule: list[ScheduledRequest]) -> None:
+        cfg, workload = self.cfg, self.client.workload
+        stats = self.stats if path == "disagg" else None
+        first_baseline = path == "baseline" and not rep
+        base = self.base  # the baseline's first pass (empty while it runs: what it is compared with is itself)
+        writer = RowWriter(self.outs["disagg" if path == "disagg" else "baseline"], lambda r: row(
+            cfg, self.run_id, self.device, path, r, workload.prompts[r.prompt_idx],
+            None if first_baseline else base.get(r.index), stats, self.client.spec.rate_at(r.index), rep), stats)
+
+        def on_result(r: ClientResult) -> None:
+            if first_baseline and r.status == "ok":  # a conversation's next turn continues it
+                workload.answered(workload.prompts[r.prompt_idx], r.token_ids)
+            writer.put(r)
+        probe_writer = on_probe = None
+        if "probes" in self.outs and path != "baseline_repeat" and not rep:  # P/D probes against the baseline's
+            probe_writer = RowWriter(self.outs["probes"], lambda r: row(
+                cfg, self.run_id, self.device, f"{path}_probe", r, self.probe_prompts[r.prompt_idx],
+                self.base_probes.get(r.index) if path == "disagg" else None, stats,
+                1 / cfg.serve.probes.interval_s), stats)
+
+            def on_probe(r: ClientResult) -> None:
+                if path == "baseline":
+                    self.base_probes[r.index] = r
+                probe_writer.put(r)
+        t0 = time.monotonic()
+        try:
+            results = self.client.load(path if not rep else f"{path}-r{rep}", self.client.deployment.urls[target],
+                                       schedule if path != "disagg" else scenario_schedule(cfg, schedule, workload),
+                                       on_result=on_result, on_probe=on_probe)
+        finally:
+            for w in (writer, probe_writer):
+                if w is not None:
+                    w.close(abandon=sys.exc_info()[0] is not None)
+        self.timings[f"{path}_s"] = self.timings.get(f"{path}_s", 0.0) + time.monotonic() - t0
+        if first_baseline:
+            self.base = {r.index: r for r in results}
