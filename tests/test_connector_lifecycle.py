@@ -238,7 +238,7 @@ def test_a_request_aborted_while_parked_is_cancelled_and_freed_once_the_worker_l
 def fail_load(scheduler: Scheduler, early: bool) -> tuple[Request, dict]:
     """A decode request whose load fails as the worker reports it: a parked request whose KV never
     came is released and its blocks failed in one step (parking.py); a hand-off's load caught
-    broken fails its blocks in the step that loads it (TransferWorker.fail_receive). Returns the
+    broken fails its blocks in the step that loads it (ReceiveSide.fail_receive). Returns the
     request and that step's engine outputs."""
     if early:
         d = park(scheduler)

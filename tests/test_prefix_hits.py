@@ -30,7 +30,7 @@ def record(w: TransferWorker, req: TransferRequest, rank: int = 0) -> TransferRe
     return TransferRecord(transfer_id=req.transfer_id, side="send" if w.is_producer else "receive", strategy="x",
                           blocks=len(req.block_ids), skip_blocks=req.skip_blocks, tokens=req.num_tokens,
                           kv_cache_blocks=NUM_BLOCKS, kv_cache_bytes=0, bytes=0, messages=1, rank=rank,
-                          digests=w.digests(w.transfer_block_ids(req)))
+                          digests=w.recorder.digests(w.recorder.transfer_block_ids(req)))
 
 
 def rewrite_last_slot(w: TransferWorker, block: int) -> None:
@@ -62,7 +62,7 @@ def test_a_block_from_the_decode_engines_prefix_cache_is_not_judged_and_a_writte
     send = TransferRequest("t1", "r1", [3, 5], num_tokens=2 * BLOCK)
     recv = TransferRequest("t1", "r1", [7, 9], num_tokens=2 * BLOCK, skip_blocks=1)
     transfer(pre, send, dec, recv)
-    assert dec.digests([7, 9]) != pre.digests([3, 5])  # every block judged: a correct transfer failed
+    assert dec.recorder.digests([7, 9]) != pre.recorder.digests([3, 5])  # every block judged: a correct transfer failed
     sent, received = record(pre, send), record(dec, recv)
     assert len(received.digests["all"]) == 1 and received.skip_blocks == 1
     assert digests_agree([sent], [received], 1, 1) is True

@@ -65,8 +65,8 @@ def test_a_workers_digests_are_of_the_blocks_when_launched_and_in_its_file_once_
     cache = {f"layer.{i}": torch.randn(8, 2, 4, 8) for i in range(3)}  # the CPU backend's layout
     w = TransferWorker("FusedConnector", True, HarnessSettings(stats_path=str(tmp_path / "prefill-transfers.jsonl")))
     w.attach(cache, 8)
-    expected = w.digests([2, 5])
-    w._record(TransferRequest("t", "r", [2, 5], num_tokens=8), "send")
+    expected = w.recorder.digests([2, 5])
+    w.recorder.record(TransferRequest("t", "r", [2, 5], num_tokens=8), "send")
     for layer in cache.values():  # a later forward pass writes into the blocks
         layer[[2, 5]] = 0
     w.held()  # what the harness asks once every request ended: flushes the records first
@@ -84,8 +84,8 @@ def test_a_request_that_names_its_records_file_has_its_record_written_there(tmp_
     (tmp_path / "second").mkdir()
     w.attach(cache, 8)
     second = tmp_path / "second" / "prefill-transfers.jsonl"
-    w._record(TransferRequest("t1", "r1", [2], num_tokens=8), "send")
-    w._record(TransferRequest("t2", "r2", [5], num_tokens=8, asked=Asked(records=str(second))), "send")
+    w.recorder.record(TransferRequest("t1", "r1", [2], num_tokens=8), "send")
+    w.recorder.record(TransferRequest("t2", "r2", [5], num_tokens=8, asked=Asked(records=str(second))), "send")
     w.held()
     first = TransferRecordReader(tmp_path / "first" / "prefill-transfers.jsonl").read_new()
     assert [r.transfer_id for r in first] == ["t1"]

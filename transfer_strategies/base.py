@@ -1,8 +1,10 @@
 """The connector every transfer strategy subclasses: a vLLM KV connector (`KVConnectorBase_V1`)
 that is a thin facade, as vLLM's own connectors are, over a scheduler-side part
 (`scheduler.RequestTracker`: which blocks each request owns, and when it moves) and a
-worker-side part (`worker.TransferWorker`: the KV blocks, the channel, clocks, digests and
-records). A strategy only says how blocks become messages and back.
+worker-side part (`worker.TransferWorker`: the KV blocks and the channel, and the part of each
+role that the facade calls, `send_side.SendSide` or `receive_side.ReceiveSide`, both recording
+through `recorder.TransferRecorder`: clocks, digests, records). A strategy only says how blocks
+become messages and back.
 
 Writing a strategy: subclass `TransferConnector` and write
 
@@ -60,7 +62,7 @@ A lossy strategy (fused_fp8.py) names a codec format (`codec = "fp8"`, codecs.py
 
 and its checks follow: the sender digests what the receiver will reconstruct (not its own
 cache), measures the reconstruction's error against the original, and both sides checksum the
-compressed payload with its scales (worker.py).
+compressed payload with its scales (recorder.py, codec_checks.py).
 
 A strategy that streams from inside the forward pass uses vLLM's per-layer hooks itself
 (`save_kv_layer`, `wait_for_layer_load`; see layerwise.py) with `this_step()`, `begin_send(req,
@@ -141,7 +143,7 @@ class TransferConnector(KVConnectorBase_V1):
 
     def gather_plan(self, block_ids: Sequence[int], layers: Sequence[int] | None = None) -> Callable[[], torch.Tensor]:
         layers = range(self.n_layers) if layers is None else layers
-        buf = self.worker.alloc(len(block_ids), len(layers))
+        buf = self.worker.send_side.alloc(len(block_ids), len(layers))
         copy = self.kv.gather_plan(block_ids, buf, layers)
 
         def run() -> torch.Tensor:
@@ -165,7 +167,7 @@ class TransferConnector(KVConnectorBase_V1):
         return run
 
     def decode_into(self, req: TransferRequest, payload: torch.Tensor) -> None:
-        self.worker.decode_into(req, payload)
+        self.worker.receive_side.decode_into(req, payload)
 
     def scatter(self, req: TransferRequest, payload: torch.Tensor, layers: Sequence[int] | None = None,
                 first_block: int = 0) -> None:
@@ -178,10 +180,10 @@ class TransferConnector(KVConnectorBase_V1):
             kv.scatter(req.block_ids[lo:end], src.narrow(1 + kv.block_dim, lo - first_block, end - lo), layers)
 
     def post(self, req: TransferRequest, payload: torch.Tensor, index: int = 0, count: int = 1, **meta) -> None:
-        self.worker.post(req, payload, index, count, **meta)
+        self.worker.send_side.post(req, payload, index, count, **meta)
 
     def collect(self, req: TransferRequest, index: int | None = None) -> list[Message]:
-        return self.worker.collect(req, index)
+        return self.worker.receive_side.collect(req, index)
 
     def this_step(self) -> TransferMetadata:
         meta = self._get_connector_metadata()
@@ -189,16 +191,16 @@ class TransferConnector(KVConnectorBase_V1):
         return meta
 
     def begin_send(self, req: TransferRequest, streaming: bool = False) -> None:
-        self.worker.begin_send(req, streaming)
+        self.worker.send_side.begin_send(req, streaming)
 
     def end_send(self, req: TransferRequest) -> None:
-        self.worker.end_send(req)
+        self.worker.send_side.end_send(req)
 
     def begin_receive(self, req: TransferRequest) -> None:
-        self.worker.begin_receive(req)
+        self.worker.receive_side.begin_receive(req)
 
     def end_receive(self, req: TransferRequest) -> None:
-        self.worker.end_receive(req)
+        self.worker.receive_side.end_receive(req)
 
     # ------------------------------------------------------------ vLLM: scheduler side
     def get_num_new_matched_tokens(self, request, num_computed_tokens: int):
@@ -244,25 +246,27 @@ class TransferConnector(KVConnectorBase_V1):
             return
         if self.is_producer:
             # with several decode instances, a request that names none is not sent (its record says why)
-            connector_metadata.sends = self.worker.routable(connector_metadata.sends)
-            connector_metadata.chunks = self.worker.routable(connector_metadata.chunks, record=False)
+            send_side = self.worker.send_side
+            connector_metadata.sends = send_side.routable(connector_metadata.sends)
+            connector_metadata.chunks = send_side.routable(connector_metadata.chunks, record=False)
             for req in connector_metadata.sends:
-                self.worker.route(req)  # what prepare_send allocates is in its decode instance's space
+                send_side.route(req)  # what prepare_send allocates is in its decode instance's space
                 self.prepare_send(req)
         else:
-            self.worker.take_step(connector_metadata)
+            self.worker.receive_side.take_step(connector_metadata)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         """Decode side, early submission: load the parked requests whose KV has arrived (in a
         step with nothing to compute, after waiting a little for one), and let vLLM schedule them."""
         if self.is_producer or not self.has_connector_metadata():
             return None, None
-        for req in self.worker.arrived(idle=self.this_step().idle):
+        receive_side = self.worker.receive_side
+        for req in receive_side.arrived(idle=self.this_step().idle):
             self._load(req)
-        return None, self.worker.finished_receiving() or None
+        return None, receive_side.finished_receiving() or None
 
     def get_block_ids_with_load_errors(self) -> set[int]:
-        return set() if self.worker is None or self.is_producer else self.worker.load_errors()
+        return set() if self.worker is None or self.is_producer else self.worker.receive_side.load_errors()
 
     def start_load_kv(self, forward_context, **kwargs) -> None:
         for req in self.this_step().loads:
@@ -273,7 +277,7 @@ class TransferConnector(KVConnectorBase_V1):
         try:
             self.receive(req)
         except TransferFault as e:  # arrived broken (truncated, or not what was sent)
-            self.worker.fail_receive(req, str(e))
+            self.worker.receive_side.fail_receive(req, str(e))
             return
         self.end_receive(req)
 

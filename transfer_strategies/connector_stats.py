@@ -8,7 +8,7 @@ so that a Prometheus deployment sees them without the harness:
     vllm:kv_harness_faults_total            transfers that carried an injected fault (scenario.fault)
 
 each labelled with the engine (model_name, engine) as vLLM's own metrics are. A worker counts each
-record it writes (worker.py); vLLM collects the counts after every step
+record it writes (recorder.py); vLLM collects the counts after every step
 (`get_kv_connector_stats`), sums them over the workers and steps (`aggregate`) and hands them to
 its Prometheus logger in the API server (`build_prom_metrics`, `observe`) and its periodic log
 line ("KV Transfer metrics: ..."); a transfer recorded off the steps (a request whose every block

@@ -53,7 +53,7 @@ def digests_agree(sent: list[TransferRecord], received: list[TransferRecord], p:
     in the blocks the transfer wrote (tp.shares: who sends which head to whom).
 
     Only the written blocks are judged: the decode side digests those past its own prefix-cache
-    hits (skip_blocks; worker.transfer_block_ids), so the sender's digests are compared from that
+    hits (skip_blocks; recorder.transfer_block_ids), so the sender's digests are compared from that
     block on. A cached block may hold a token the decode engine computed itself, in other bits
     than the prefill's (seen on a GPU, and on CPU between TP degrees). Judged per channel, not
     over an engine's merged records: where the prefill engine replicates a head (more workers

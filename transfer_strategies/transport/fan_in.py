@@ -8,26 +8,15 @@ gone) fails only the transfers it would have brought (inbox.py)."""
 
 from __future__ import annotations
 
-from transfer_strategies.transport.inbox import Inbox
-from transfer_strategies.transport.message import Message
+from transfer_strategies.transport.inbox import Inbox, InboxReceiver
 
 
-class FanIn:
+class FanIn(InboxReceiver):
     def __init__(self, receivers: list, inbox: Inbox):
         self.receivers, self.inbox = receivers, inbox
 
-    def wait(self, transfer_id: str, index: int | None = None) -> list[Message]:
-        return self.inbox.wait(transfer_id, index)
-
-    def ready(self, transfer_ids: set[str], timeout_s: float = 0.0) -> set[str]:
-        return self.inbox.ready(transfer_ids, timeout_s)
-
-    def when_complete(self, transfer_id: str, fn) -> None:
-        self.inbox.when_complete(transfer_id, fn)
-
-    def release(self, transfer_id: str) -> None:
-        keys = self.inbox.release(transfer_id)
-        for r in self.receivers:
+    def acknowledge(self, keys: list) -> None:
+        for r in self.receivers:  # each frees its own channel's regions among them
             r.acknowledge(keys)
 
     def close(self) -> None:

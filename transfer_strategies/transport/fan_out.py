@@ -6,7 +6,7 @@ A push sender builds a payload in its receiver's staging buffer before it sends 
 request must be known before the space is: the worker points the fan-out at a request's peer
 (`to`, which returns that channel) before the strategy allocates for it (prepare_send,
 begin_send) and sends each message on the channel `to` returned. A payload built in one decode
-instance's space and sent to another is refused (worker.py): it would leave a region taken in the
+instance's space and sent to another is refused (send_side.py): it would leave a region taken in the
 first one's buffer for good."""
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ import torch
 
 from transfer_strategies.transport import rendezvous
 from transfer_strategies.transport.frames import Doorbell
-from transfer_strategies.transport.inbox import Inbox
+from transfer_strategies.transport.inbox import Inbox, InboxReceiver
 from transfer_strategies.transport.message import Message, as_bytes
 
 HEADER_BYTES = 1024
@@ -80,27 +80,12 @@ class GlooSender:
         return None
 
 
-class GlooReceiver:
+class GlooReceiver(InboxReceiver):
     def __init__(self, rendezvous_path: str, host: str, timeout_s: float, inbox: Inbox | None = None, tag: int = 0):
         host, port = rendezvous.peer(rendezvous_path, host, timeout_s)
         self.pg = _process_group(host, port, 1, timeout_s)
         self.inbox = inbox or Inbox(timeout_s)  # payloads are our own memory: nothing to acknowledge
         threading.Thread(target=self._receive_loop, name="kv-recv", daemon=True).start()
-
-    def wait(self, transfer_id: str, index: int | None = None) -> list[Message]:
-        return self.inbox.wait(transfer_id, index)
-
-    def ready(self, transfer_ids: set[str], timeout_s: float = 0.0) -> set[str]:
-        return self.inbox.ready(transfer_ids, timeout_s)
-
-    def when_complete(self, transfer_id: str, fn) -> None:
-        self.inbox.when_complete(transfer_id, fn)
-
-    def release(self, transfer_id: str) -> None:
-        self.inbox.release(transfer_id)
-
-    def acknowledge(self, keys: list) -> None:
-        return None
 
     def close(self) -> None:
         return None

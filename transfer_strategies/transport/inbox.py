@@ -1,4 +1,6 @@
-"""The decode worker's side of a channel: messages parked by transfer id until it uses them."""
+"""The decode worker's side of a channel: messages parked by transfer id until it uses them
+(Inbox), and the calls it makes of the channel, answered from them (InboxReceiver: every
+receiver, and a fan-in of them)."""
 
 from __future__ import annotations
 
@@ -164,3 +166,31 @@ class Inbox:
                 del self._staged[r]
                 freed.append(r)
         return freed
+
+
+class InboxReceiver:
+    """The calls a decode worker makes of its channel, answered from the channel's inbox (a
+    receiver's own, or the one a fan-in's receivers share). Releasing a transfer hands the
+    staging regions it freed to `acknowledge`: staged.py gives its own back to the prefill
+    worker, fan_in.py asks each of its channels to."""
+
+    inbox: Inbox
+
+    def wait(self, transfer_id: str, index: int | None = None) -> list[Message]:
+        """Block until message `index` (or every message) of a transfer has arrived."""
+        return self.inbox.wait(transfer_id, index)
+
+    def ready(self, transfer_ids: set[str], timeout_s: float = 0.0) -> set[str]:
+        """Those transfers whose messages have all arrived (waiting up to timeout_s for one)."""
+        return self.inbox.ready(transfer_ids, timeout_s)
+
+    def when_complete(self, transfer_id: str, fn: Callable[[list[Message]], None]) -> None:
+        self.inbox.when_complete(transfer_id, fn)
+
+    def release(self, transfer_id: str) -> None:
+        """Drop a transfer's messages once they have been used (their staging space is free again)."""
+        self.acknowledge(self.inbox.release(transfer_id))
+
+    def acknowledge(self, keys: list) -> None:
+        """Free the staging regions among these inbox keys; a channel without a staging buffer has none."""
+        return None

@@ -30,7 +30,7 @@ import torch
 from transfer_strategies.transport import buffers, rendezvous
 from transfer_strategies.transport.allocator import StagingAllocator
 from transfer_strategies.transport.frames import Ack, Doorbell, FrameSocket, Handle, Opened, Reclaim
-from transfer_strategies.transport.inbox import Inbox
+from transfer_strategies.transport.inbox import Inbox, InboxReceiver
 from transfer_strategies.transport.message import Message, as_bytes
 
 # A region's life on the sender: handed out by alloc (only this worker can free it, by sending
@@ -244,11 +244,11 @@ class StagedSender:
                 self._cond.notify_all()
 
 
-class StagedReceiver:
+class StagedReceiver(InboxReceiver):
     def __init__(self, device: torch.device, staging_bytes: int, rendezvous_path: str, host: str,
                  timeout_s: float, inbox: Inbox | None = None, tag: int = 0, kind: str = "staged",
                  on_host: bool = False):
-        """inbox: one shared with the channels from other prefill workers (Receivers), in which
+        """inbox: one shared with the channels from other prefill workers (fan_in.py), in which
         this channel's staging regions are told apart by tag; kind, on_host: the buffer's
         (buffers.create_staging)."""
         self.device = device
@@ -266,21 +266,6 @@ class StagedReceiver:
         self.buffer.mapped_by_both()
         self.inbox = inbox or Inbox(timeout_s)
         threading.Thread(target=self._receive_loop, name="kv-recv", daemon=True).start()
-
-    def wait(self, transfer_id: str, index: int | None = None) -> list[Message]:
-        """Block until message `index` (or every message) of a transfer has arrived."""
-        return self.inbox.wait(transfer_id, index)
-
-    def ready(self, transfer_ids: set[str], timeout_s: float = 0.0) -> set[str]:
-        """Those transfers whose messages have all arrived (waiting up to timeout_s for one)."""
-        return self.inbox.ready(transfer_ids, timeout_s)
-
-    def when_complete(self, transfer_id: str, fn) -> None:
-        self.inbox.when_complete(transfer_id, fn)
-
-    def release(self, transfer_id: str) -> None:
-        """Drop a transfer's messages once they have been used (their staging space is free again)."""
-        self.acknowledge(self.inbox.release(transfer_id))
 
     def acknowledge(self, keys: list) -> None:
         """Free this channel's regions among these inbox keys ((tag, region) pairs)."""
