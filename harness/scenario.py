@@ -3,6 +3,8 @@ what the harness knows of them, for both runners; a scenario that provokes somet
 YAML and a change here.
 
     check(cfg)                 its values, before any engine starts (exit 2 and one line)
+    expected(cfg)              what the run must show (`expect`: summary.json key -> condition), which
+                               the verdict judges (records/verdict.py unmet: status scenario_unmet)
     fault_for(cfg, p)          which prompts' transfers carry a transport fault (scenario.fault)
     abort_plan(workload, cfg)  offline: which prompts' requests the harness aborts, when, on which engines
     client_aborts(cfg, n)      runner=serve: which of n requests the client abandons, and when
@@ -22,8 +24,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from harness.records.verdict import condition
 from harness.workload import Prompt, Workload
 from transfer_strategies.kv_transfer_params import FAULT_KINDS
 
@@ -34,7 +37,18 @@ class ScenarioError(ValueError):
     pass
 
 
+def expected(cfg: DictConfig) -> dict:
+    """scenario.expect: what the run's summary must show, {summary.json key: condition}."""
+    expect = cfg.scenario.get("expect")
+    return OmegaConf.to_container(expect, resolve=True) if expect else {}
+
+
 def check(cfg: DictConfig) -> None:
+    for key, text in expected(cfg).items():
+        try:
+            condition(text)
+        except ValueError as e:
+            raise ScenarioError(f"scenario.expect.{key}: {e}") from None
     aborts = cfg.scenario.get("aborts")
     if aborts:
         if not (0 < aborts.get("fraction", 0) <= 1 and aborts.get("max_delay_ms", 0) > 0):

@@ -134,6 +134,8 @@ def test_vllm_example_with_a_prompt_under_one_block(tmp_path):
     (["scenario=fault_drop", "runner=serve", "serve.endpoints.baseline=http://127.0.0.1:9",
       "serve.endpoints.disagg=http://127.0.0.1:9"], ["scenario=fault_drop", "serve.endpoints has none"]),
     (["scenario=aborts", "scenario.aborts.fraction=1.5"], ["scenario.aborts needs a fraction in (0, 1]"]),
+    (["scenario=fault_drop", "scenario.expect.faults_injected=at least one"],
+     ["scenario.expect.faults_injected", "is not a condition"]),
     (["engines.decode={tensor_parallel_size:3}"], ["decode engine", "tensor_parallel_size=3 does not divide the "
                                                    "model's 2 KV heads"]),
     (["engines.prefill={pipeline_parallel_size:2}"], ["pipeline_parallel_size=2 on the prefill engine"]),

@@ -11,7 +11,7 @@ from harness import scenario
 from harness.checks import ConfigError, check_settings
 from harness.records import provoked
 from harness.workload import Prompt, Workload
-from tests.conftest import compose_config
+from tests.conftest import ROOT, compose_config
 
 
 def workload(n: int = 16) -> Workload:
@@ -69,3 +69,23 @@ def test_provoked_rows_and_their_counts():
     assert provoked.fault_counts(rows) == {"faults_injected": 3, "faults_caught": 2, "faults_missed": 1}
     assert provoked.aborted(rows) == 1 and provoked.provoked({"fault": float("nan")}) is False
     assert OmegaConf.to_container(compose_config("scenario=aborts_parked").scenario.aborts)["sides"] == ["decode"]
+
+
+def test_every_scenario_says_what_it_provokes_and_what_its_run_must_show():
+    """Each conf/scenario/*.yaml: provokes, shows, and expect (what summary.json must show: the
+    verdict judges it); docs/configuration.md's table of them is written from the YAMLs
+    (python scripts/doc_tables.py)."""
+    import importlib.util
+
+    from harness.records.verdict import condition
+
+    for path in sorted((ROOT / "conf" / "scenario").glob("*.yaml")):
+        s = OmegaConf.load(path).scenario
+        assert s.name == path.stem and s.provokes and s.shows and "expect" in s, path.name
+        assert all(condition(v) for v in (s.expect or {}).values())
+    spec = importlib.util.spec_from_file_location("doc_tables", ROOT / "scripts" / "doc_tables.py")
+    doc_tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(doc_tables)
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    assert doc_tables.scenario_table() in text, "python scripts/doc_tables.py"
+    assert all(f"| `{p.stem}` |" in text for p in (ROOT / "conf" / "scenario").glob("*.yaml"))

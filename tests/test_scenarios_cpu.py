@@ -11,48 +11,41 @@ import pytest
 
 from harness.offline.engine_pool import POOL
 from harness.resolvers import built_in_strategies
-from tests.conftest import FULL, cells, run_harness
-from tests.helpers.runs import check_faults_caught, check_passed
+from tests.conftest import FULL, ROOT, cells, run_harness
+from tests.helpers.runs import FAULTS, check_faults_caught
 
 pytestmark = pytest.mark.engine
 
 STRATEGIES = built_in_strategies(lossy=False)  # the lossy ones: test_lossy_cpu.py
+# Every scenario YAML but none, as the strategy matrix is every strategy YAML: a new scenario is
+# enrolled by its file. Known ones in an order where runs configured alike follow each other (a
+# fault travels with its request, so only the timeout, vLLM's failure policy and the checksums set
+# a P/D pair apart: in make test the drop run's layerwise pair serves the aborts); new ones last.
+ORDER = ["decode_preemption", "prefill_reuse", "fault_drop", "aborts", "aborts_parked", "fault_delay",
+         "fault_truncate", "fault_flip"]
+SCENARIOS = sorted((p.stem for p in (ROOT / "conf" / "scenario").glob("*.yaml") if p.stem != "none"),
+                   key=lambda s: (ORDER.index(s) if s in ORDER else len(ORDER), s))
 # make test runs each scenario once, the strategies spread over them; make test-full every cell
-KEPT = {"decode_preemption": "fused", "prefill_reuse": "per_request_blocks", "drop": "layerwise", "delay": "fused",
-        "truncate": "full_cache", "flip": "per_request_blocks", "aborts": "layerwise", "aborts_parked": "layerwise"}
+KEPT = {"decode_preemption": "fused", "prefill_reuse": "per_request_blocks", "fault_drop": "layerwise",
+        "fault_delay": "fused", "fault_truncate": "full_cache", "fault_flip": "per_request_blocks",
+        "aborts": "layerwise", "aborts_parked": "layerwise"}
 
 
-def strategies(scenario: str) -> list:
-    return cells(STRATEGIES, {KEPT[scenario]})
+def kept(scenario: str) -> str:
+    return KEPT.get(scenario, STRATEGIES[SCENARIOS.index(scenario) % len(STRATEGIES)])
 
 
-def scenario_cells(kinds: list[str]) -> list:
-    """(kind, strategy) pairs of the fault scenarios, each kind's kept strategy in make test."""
-    return [pytest.param(k, s, marks=() if KEPT[k] == s else FULL, id=f"{k}-{s}") for k in kinds for s in STRATEGIES]
-
-
-@pytest.mark.parametrize("strategy", strategies("decode_preemption"))
-def test_decode_requests_preempted_after_their_kv_came_end_correctly(results_dir, strategy):
+def preempted_requests_end_correctly(run) -> None:
     """Before the fix a preempted decode request waited again for KV it had already taken, and
-    failed at run.transfer_timeout_s; now it comes back from the decode engine's prefix cache
-    or is recomputed, and its row says which."""
-    run = run_harness(results_dir / f"scenario-decode_preemption-{strategy}", "scenario=decode_preemption",
-                      f"strategy={strategy}", "run.transfer_timeout_s=30")
-    s = check_passed(run)
-    assert s["decode_preemptions"] >= 1, "the scenario should have preempted a decode request"
-    rows = run.jsonl("requests.jsonl")
-    for r in rows:
+    failed at run.transfer_timeout_s; now it comes back from the decode engine's prefix cache or
+    is recomputed, and its row says which."""
+    for r in run.jsonl("requests.jsonl"):
         assert r["error"] is None
         if not r["decode_preemptions"]:
             assert r["decode_computed_tokens"] == 1 and not r["kv_recomputed"]
-    assert s["timings"]["disagg_s"] < 30  # nobody waited for the transfer timeout
 
 
-@pytest.mark.parametrize("strategy", strategies("prefill_reuse"))
-def test_prefill_blocks_reused_right_after_a_send_are_sent_intact(results_dir, strategy):
-    run = run_harness(results_dir / f"scenario-prefill_reuse-{strategy}", "scenario=prefill_reuse",
-                      f"strategy={strategy}")
-    check_passed(run)
+def reused_blocks_are_sent_intact(run) -> None:
     sends = [r for r in run.jsonl("prefill-transfers.jsonl") if not r["transfer_id"].endswith("--1")]
     assert len(sends) == 4
     seen: set[int] = set()
@@ -63,15 +56,53 @@ def test_prefill_blocks_reused_right_after_a_send_are_sent_intact(results_dir, s
     assert reused, "the scenario should have handed a sent request's blocks to a later request"
 
 
-# Ordered so that runs configured alike follow each other (a fault travels with its request, so
-# only the timeout, vLLM's failure policy and the checksums set a P/D pair apart): in make test the
-# drop run's layerwise pair serves the aborts, the delay run's fused pair the flips without checksums
-@pytest.mark.parametrize(("kind", "strategy"), scenario_cells(["drop", "delay"]))
-def test_a_transfer_that_never_comes_in_time_is_failed_or_recomputed_at_the_timeout(results_dir, kind, strategy):
-    run = run_harness(results_dir / f"scenario-fault_{kind}-{strategy}", f"scenario=fault_{kind}",
-                      f"strategy={strategy}")
-    check_faults_caught(run, kind)
-    assert run.summary["timings"]["disagg_s"] < 2 * 5 + 10  # two requests waited the 5 s timeout, no longer
+def aborted_requests_leave_nothing_held(run) -> None:
+    """aborts: half of the prompts aborted during their prefill, transfer or decode, on either
+    engine or both; aborts_parked: their decode requests only, most while parked for their KV.
+    No KV block, staging region or transfer stays held, and the rest run normally."""
+    s = run.summary
+    assert s["requests"] == 16 and s["aborted"] >= 4
+    assert s["kv_blocks_in_use"] == {"prefill": 0, "decode": 0}
+    assert s["transfer_held"] == {"prefill": {"staging_regions": 0}, "decode": {"transfers": 0, "parked": 0}}
+    rows = run.jsonl("requests.jsonl")
+    assert sum(bool(r["aborted"]) for r in rows) == s["aborted"]
+    if s["run_id"].startswith("scenario-aborts_parked"):
+        assert {r["aborted"] for r in rows if r["aborted"]} == {"decode"}
+    assert all(r["match"] and r["digest_match"] for r in rows if not r["aborted"])
+
+
+# Beyond the run's status (which judges each YAML's expect), what each scenario's rows show
+ROWS = {"decode_preemption": preempted_requests_end_correctly, "prefill_reuse": reused_blocks_are_sent_intact,
+        "aborts": aborted_requests_leave_nothing_held, "aborts_parked": aborted_requests_leave_nothing_held,
+        **{f"fault_{kind}": lambda run, kind=kind: check_faults_caught(run, kind) for kind in FAULTS}}
+
+
+@pytest.mark.parametrize(("scenario", "strategy"), [
+    pytest.param(s, st, marks=() if kept(s) == st else FULL, id=f"{s}-{st}") for s in SCENARIOS for st in STRATEGIES])
+def test_each_scenario_provokes_what_it_names_and_shows_what_it_declares(results_dir, scenario, strategy):
+    """The run ends ok: every check of every run, and the scenario's own `expect` (its YAML: what
+    summary.json must show, judged by the verdict); then what the scenario's rows show. Nobody
+    waits past the 5 s transfer timeout more than the scenario makes them (a fault's two requests,
+    an aborted prefill's decode request)."""
+    run = run_harness(results_dir / f"scenario-{scenario}-{strategy}", f"scenario={scenario}", f"strategy={strategy}",
+                      *(["run.transfer_timeout_s=30"] if scenario == "decode_preemption" else []))
+    assert run.code == 0, run.stderr[-3000:]
+    assert run.summary["status"] == "ok"
+    ROWS.get(scenario, lambda run: None)(run)
+    assert run.summary["timings"]["disagg_s"] < 30
+
+
+def test_a_scenario_whose_run_does_not_show_what_it_declares_fails(results_dir):
+    """fault_flip with its fault taken away (on the engines of the cell before: a fault travels
+    with its request): every output still matches, but the run did not provoke what the scenario
+    is for, and says so."""
+    run = run_harness(results_dir / "scenario-fault_flip-unmet", "scenario=fault_flip", "scenario.fault=null",
+                      f"strategy={kept('fault_flip')}")
+    assert run.code == 1, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "scenario_unmet" and s["mismatches"] == 0 and "faults_injected" not in s
+    assert s["error"] == ("the scenario expects faults_injected >= 1 (the run showed faults_injected None); "
+                          "faults_caught == faults_injected (the run showed faults_caught None)")
 
 
 def test_bit_flips_without_checksums_are_reported_as_missed(results_dir):
@@ -83,32 +114,6 @@ def test_bit_flips_without_checksums_are_reported_as_missed(results_dir):
     assert s["status"] == "fault_missed" and s["faults_missed"] == 2
     faulted = [r for r in run.jsonl("requests.jsonl") if r["fault"]]
     assert all(r["digest_match"] is False and r["error"] is None for r in faulted)
-
-
-@pytest.mark.parametrize(("name", "strategy"), scenario_cells(["aborts", "aborts_parked"]))
-def test_requests_aborted_at_random_points_leave_nothing_held(results_dir, name, strategy):
-    """aborts: half of the prompts aborted during their prefill, transfer or decode, on either
-    engine or both; aborts_parked: their decode requests only, most while parked for their KV.
-    No KV block, staging region or transfer stays held, and the rest run normally."""
-    run = run_harness(results_dir / f"scenario-{name}-{strategy}", f"scenario={name}", f"strategy={strategy}")
-    assert run.code == 0, run.stderr[-3000:]
-    s = run.summary
-    assert s["status"] == "ok" and s["requests"] == 16 and s["aborted"] >= 4
-    assert s["kv_blocks_in_use"] == {"prefill": 0, "decode": 0}
-    assert s["transfer_held"] == {"prefill": {"staging_regions": 0}, "decode": {"transfers": 0, "parked": 0}}
-    rows = run.jsonl("requests.jsonl")
-    assert sum(bool(r["aborted"]) for r in rows) == s["aborted"]
-    if name == "aborts_parked":
-        assert {r["aborted"] for r in rows if r["aborted"]} == {"decode"}
-    assert all(r["match"] and r["digest_match"] for r in rows if not r["aborted"])
-    assert s["timings"]["disagg_s"] < 30  # an aborted prefill's decode request fails at the 5 s timeout
-
-
-@pytest.mark.parametrize(("kind", "strategy"), scenario_cells(["truncate", "flip"]))
-def test_a_transfer_that_arrives_damaged_is_caught_on_arrival(results_dir, kind, strategy):
-    run = run_harness(results_dir / f"scenario-fault_{kind}-{strategy}", f"scenario=fault_{kind}",
-                      f"strategy={strategy}")
-    check_faults_caught(run, kind)
 
 
 @pytest.mark.parametrize("transport", cells(["nixl", "gloo"], {"nixl"}))

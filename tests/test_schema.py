@@ -48,10 +48,10 @@ def expand(names: set[str]) -> set[str]:
 
 def test_readme_tables_of_the_rows_are_what_their_declarations_write():
     """results/README.md's tables of requests.jsonl, baseline.jsonl and runner=serve's rows are
-    written from harness/records/fields.py (python scripts/field_tables.py)."""
+    written from harness/records/fields.py (python scripts/doc_tables.py)."""
     text = README.read_text()
     for kind in (OFFLINE, "baseline", SERVE):
-        assert markdown_table(kind) in text, f"python scripts/field_tables.py ({kind})"
+        assert markdown_table(kind) in text, f"python scripts/doc_tables.py ({kind})"
     assert documented("requests.jsonl") == set(field_names(RequestRow))
     assert documented("baseline.jsonl") == set(field_names(BaselineRow))
 

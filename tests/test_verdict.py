@@ -1,6 +1,8 @@
 """One set of rules decides a run's status for both runners (harness/records/verdict.py)."""
 
-from harness.records.verdict import judge
+import pytest
+
+from harness.records.verdict import judge, unmet
 from tests.helpers.serving import serve_rows, serve_summary_of
 
 CLEAN = {"transfer_errors": 0, "digest_failures": 0, "digest_checked": 4, "mismatches": 0, "near_ties": 0,
@@ -56,3 +58,19 @@ def test_serving_judges_faulted_and_aborted_requests_apart():
     assert s["status"] == "fault_missed" and s["error"].startswith("1 of 2 injected transport faults")
     rows[2].update(kv_recomputed=True, match=False)  # recomputed, but to another output
     assert serve_summary_of(rows)["status"] == "fault_missed"
+
+
+def test_a_scenario_is_judged_by_what_it_declares_its_run_must_show():
+    summary = {**CLEAN, "faults_injected": 2, "faults_caught": 2, "decode_preemptions": 0}
+    assert unmet(summary, {"faults_injected": ">= 1", "faults_caught": "== faults_injected"}) == []
+    assert unmet(summary, {"decode_preemptions": ">= 1", "aborted": "> 0"}) == [
+        "decode_preemptions >= 1 (the run showed decode_preemptions 0)", "aborted > 0 (the run showed aborted None)"]
+    assert unmet({**summary, "faults_caught": 1}, {"faults_caught": "== faults_injected"}) == [
+        "faults_caught == faults_injected (the run showed faults_caught 1, faults_injected 2)"]
+    status, error = judge(CLEAN, noise=0, scenario_unmet=unmet(summary, {"decode_preemptions": ">= 1"}))
+    assert status == "scenario_unmet" and error == ("the scenario expects decode_preemptions >= 1 (the run showed "
+                                                    "decode_preemptions 0)")
+    # any other failure comes first: what went wrong explains what the scenario did not show
+    assert judge({**CLEAN, "digest_failures": 1}, noise=0, scenario_unmet=["x >= 1"])[0] == "mismatch"
+    with pytest.raises(ValueError, match="is not a condition"):
+        unmet(summary, {"decode_preemptions": "at least 1"})

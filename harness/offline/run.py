@@ -29,7 +29,7 @@ from harness.records.meta import versions
 from harness.records.provoked import provoked
 from harness.records.summary import run_summary, summarize
 from harness.records.tables import format_run_table
-from harness.records.verdict import ended_early, judge
+from harness.records.verdict import ended_early, judge, unmet
 from harness.tracking import track
 from harness.workload import Workload, WorkloadError, warmup_workload
 
@@ -193,7 +193,8 @@ def judged(cfg: DictConfig, summary: dict, rows: list[dict], kv_in_use: dict, tr
                           expect_recompute=cfg.scenario.expect_recompute, first_transfer_error=first,
                           faults=(summary.get("faults_missed") or 0, summary.get("faults_injected") or 0),
                           held=leaked, lossy=lossy, accuracy_drop=summary.get("accuracy_drop"),
-                          max_accuracy_drop=cfg.check.get("max_accuracy_drop"))
+                          max_accuracy_drop=cfg.check.get("max_accuracy_drop"),
+                          scenario_unmet=unmet(summary, scenario.expected(cfg)))
     summary.update(status=status, error=error)
     if error:
         print(f"error: {error}", file=sys.stderr)

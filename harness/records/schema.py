@@ -30,7 +30,8 @@ from harness.records.fields import (
 
 # The version of the harness's rows and summaries (schema_version in each); the connectors' records
 # have their own (transfer_strategies/records.py RECORD_VERSION), the same number up to 16.
-SCHEMA_VERSION = 16
+#  17: versioned apart; the fields declared once (fields.py); the status scenario_unmet
+SCHEMA_VERSION = 17
 UNVERSIONED = 1  # what a row without schema_version is
 
 OVERHEAD_PARTS = [f"overhead_{part}_ms" for part, _ in CRITICAL_PATH]
@@ -92,7 +93,7 @@ def summarized(runner: str) -> list[Field]:
 
 
 def markdown_table(kind: str) -> str:
-    """results/README.md's table of one kind of row (scripts/field_tables.py writes it there): a line
+    """results/README.md's table of one kind of row (scripts/doc_tables.py writes it there): a line
     per field, or per run of adjacent fields alike (`strategy, model, workload, device`), with its
     unit and what summary.json gives of it (p50 with its 95% interval, p90, p99)."""
     runner = SERVE if kind == SERVE else OFFLINE

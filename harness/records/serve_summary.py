@@ -30,7 +30,7 @@ from harness.records.provoked import aborted, fault_counts, given
 from harness.records.schema import HANDOVER_PARTS, HANDOVER_PATH, SCHEMA_VERSION, shown_in, summarized
 from harness.records.stats import mean_interval, percentile
 from harness.records.summary import prefix_hits, recompute_counts, statistics
-from harness.records.verdict import judge
+from harness.records.verdict import judge, unmet
 
 # a request's error when it ran past run.request_timeout_s: a latency outcome, not a failure
 TIMED_OUT = "timed out (run.request_timeout_s)"
@@ -150,10 +150,11 @@ def probe_stats(rows: list[dict], interval_s: float | None) -> dict | None:
 
 def serve_summary(run_dir: Path, facts: dict, *, status: str, error: str | None, timings: dict, kv_usage: dict,
                   repeats: int, probe_interval_s: float | None, expect_recompute: bool = False,
-                  max_accuracy_drop: float | None = None) -> dict:
+                  max_accuracy_drop: float | None = None, expect: dict | None = None) -> dict:
     """summary.json from the run directory's rows. facts: what the run was, as the serving runner
     states it (serve.run_facts: run_id, strategy, ..., kv_cache_dtype, coalesced_gap_ms), in the
-    order summary.json gives them; the rest: what judging the run needs of its configuration."""
+    order summary.json gives them; the rest: what judging the run needs of its configuration
+    (expect: what its scenario says the run must show, conf/scenario/*.yaml)."""
     disagg = read_jsonl(run_dir / "requests.jsonl")
     base_rows = read_jsonl(run_dir / "baseline.jsonl")
     base = [r for r in base_rows if r["path"] == "baseline"]
@@ -208,7 +209,7 @@ def serve_summary(run_dir: Path, facts: dict, *, status: str, error: str | None,
                               failed_requests=[f"{r['path']} #{r['request_idx']}: {r['error']}" for r in broken],
                               lossy=bool(out.get("codec") or out["kv_cache_dtype"]),
                               accuracy_drop=out.get("accuracy_drop"),
-                              max_accuracy_drop=max_accuracy_drop)
+                              max_accuracy_drop=max_accuracy_drop, scenario_unmet=unmet(out, expect))
         code = 0 if status == "ok" else 1
     out.update(status=status, error=error, exit_code=code)
     return out

@@ -14,12 +14,16 @@ means one thing whichever runner wrote it. The first rule that holds decides:
     fault_missed     an injected transport fault went unseen (scenarios)
     kv_leak          KV blocks or transfers still held after every request ended
     requests_failed  a request failed other than by its time limit (runner=serve)
+    scenario_unmet   the run did not show what its scenario says it must (conf/scenario/*.yaml
+                     `expect`: decode requests preempted, faults injected and caught, ...)
 
 A run that ends before its passes do is engine_failed (exit 3) or interrupted (130): ended_early.
 """
 
 from __future__ import annotations
 
+import operator
+import re
 import sys
 from pathlib import Path
 
@@ -29,13 +33,15 @@ from harness.records.summary import unexplained_recomputes
 def judge(counts: dict, *, noise: int, expect_recompute: bool = False, first_transfer_error: str | None = None,
           faults: tuple[int, int] = (0, 0), held: dict | None = None,
           failed_requests: list[str] | None = None, lossy: bool = False, accuracy_drop: float | None = None,
-          max_accuracy_drop: float | None = None) -> tuple[str, str | None]:
+          max_accuracy_drop: float | None = None, scenario_unmet: list[str] | None = None
+          ) -> tuple[str, str | None]:
     """(status, the one-line reason or None when ok). counts: the summary's transfer_errors,
     digest_failures, digest_checked, mismatches, near_ties, kv_recomputed(_preempted); noise: the
     baseline's mismatches with itself; faults: (missed, injected); held: what is still held, by
     engine (only what is non-empty); failed_requests: a line per request that failed; lossy: the
     strategy moves a compressed image of the KV (outputs are measured, not required to match);
-    accuracy_drop, max_accuracy_drop: the summary's and check.max_accuracy_drop (None: no gate)."""
+    accuracy_drop, max_accuracy_drop: the summary's and check.max_accuracy_drop (None: no gate);
+    scenario_unmet: what the scenario expects that the run did not show (unmet)."""
     if counts.get("transfer_errors"):
         return "transfer_failed", (f"{counts['transfer_errors']} transfer(s) failed"
                                    + (f": {first_transfer_error}" if first_transfer_error else ""))
@@ -64,6 +70,8 @@ def judge(counts: dict, *, noise: int, expect_recompute: bool = False, first_tra
         return "kv_leak", f"KV or transfers still held after every request finished: {held}"
     if failed_requests:
         return "requests_failed", f"{len(failed_requests)} request(s) failed, e.g. {failed_requests[0]}"
+    if scenario_unmet:
+        return "scenario_unmet", f"the scenario expects {'; '.join(scenario_unmet)}"
     return "ok", None
 
 
@@ -75,3 +83,35 @@ def ended_early(e: BaseException, run_dir: Path) -> tuple[str, int, str]:
         return "interrupted", 130, "interrupted"
     print(f"\nerror: {e}\nRecords written so far are in {run_dir}", file=sys.stderr)
     return "engine_failed", 3, str(e)
+
+
+CONDITION = re.compile(r"^\s*(>=|<=|==|!=|>|<)\s*([\w.+-]+)\s*$")
+COMPARE = {">=": operator.ge, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt,
+           "<": operator.lt}
+
+
+def condition(text: str) -> tuple[str, str]:
+    """(operator, operand) of a scenario's condition on a summary key (`>= 1`, `== faults_injected`);
+    ValueError when it is not one."""
+    m = CONDITION.match(str(text))
+    if not m:
+        raise ValueError(f"{text!r} is not a condition: an operator (>=, <=, ==, !=, >, <) and a number or a "
+                         f"summary.json key")
+    return m.group(1), m.group(2)
+
+
+def unmet(summary: dict, expect: dict | None) -> list[str]:
+    """What a scenario says its run must show (conf/scenario/*.yaml `expect`: summary.json key ->
+    condition) that the summary does not: one line each, with what the run showed."""
+    out = []
+    for key, text in (expect or {}).items():
+        op, operand = condition(text)
+        try:
+            want = float(operand)
+        except ValueError:
+            want = summary.get(operand)
+        got = summary.get(key)
+        if got is None or want is None or not COMPARE[op](got, want):
+            out.append(f"{key} {op} {operand} (the run showed {key} {got}"
+                       + (f", {operand} {want}" if operand in summary else "") + ")")
+    return out

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness import scenario
 from harness.checks import ConfigError, checked_inputs, decode_submit, stored_kv_dtype
 from harness.engine_config import tp_degrees
 from harness.records.files import JsonlWriter, read_jsonl, write_json
@@ -122,7 +123,7 @@ def record(cfg: DictConfig, run_dir: Path, facts: dict, status: str, code: int, 
     summary = serve_summary(run_dir, facts, status=status, error=error, timings=timings, kv_usage=kv_usage,
                             repeats=cfg.serve.repeats, probe_interval_s=cfg.serve.probes.interval_s,
                             expect_recompute=bool(cfg.scenario.get("expect_recompute")),
-                            max_accuracy_drop=cfg.check.get("max_accuracy_drop"))
+                            max_accuracy_drop=cfg.check.get("max_accuracy_drop"), expect=scenario.expected(cfg))
     if status == "ok":
         status, code, error = summary["status"], summary["exit_code"], summary["error"]
         if error:

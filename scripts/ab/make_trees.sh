@@ -3,10 +3,12 @@
 #
 #   bash scripts/ab/make_trees.sh [REPO] [DEST]          (defaults: this checkout, REPO/.bench)
 #   TREES="old=0c04ef7 int64=95980bd new=HEAD" bash scripts/ab/make_trees.sh
+#   TREES="old=dabfb97 new=HEAD" MODELS=tiny-llama bash scripts/ab/make_trees.sh   # for a CPU A/B
 #
 # Each tree DEST/<name>/ holds only what a TTFT benchmark run needs (git archive of the commit):
-#   harness/ transfer_strategies/ conf/ scripts/ models/llama3-8b-shape/ (config + tokenizer,
-#   load_format=dummy: no weights)  and a COMMIT file with the full sha.
+#   harness/ transfer_strategies/ conf/ scripts/ models/<each of MODELS>/ (default llama3-8b-shape:
+#   config + tokenizer, load_format=dummy, no weights; tiny-llama for the CPU, its weights
+#   included)  and a COMMIT file with the full sha.
 # No results/, tests/, notebooks/, models with weights. The A/B scripts (gpu_ab.sh, ab_report.py,
 # digest_ab.py) are copied into DEST too, so that they travel to the device with the tree
 # (DEST is git-ignored through .git/info/exclude: name it in the device tool's `carry`).
@@ -15,7 +17,9 @@ set -euo pipefail
 REPO=${1:-$(git rev-parse --show-toplevel)}
 DEST=${2:-$REPO/.bench}
 TREES=${TREES:-"old=0c04ef7 int64=95980bd new=HEAD"}
-PATHS=(harness transfer_strategies conf scripts models/llama3-8b-shape)
+MODELS=${MODELS:-llama3-8b-shape}
+PATHS=(harness transfer_strategies conf scripts)
+for m in $MODELS; do PATHS+=("models/$m"); done
 HERE=$(cd "$(dirname "$0")" && pwd)
 
 # keep DEST out of git status, and out of what travels unless carried
