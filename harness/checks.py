@@ -1,6 +1,7 @@
 """Everything about a run that can be judged before any engine starts: the config's values, the
 device, the strategy's connector, vLLM's block-size rule, the model's tokenizer and the prompts.
-A failure here is bad input: one line, exit 2, nothing started.
+A failure here is bad input: one line, exit 2, nothing started. What passes is settled once
+(checked_inputs: harness/settings.py), for the runners to read.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from harness import scenario
 from harness.scenario import ScenarioError
+from harness.settings import Settings, engine_overrides, settle, submits_early, tp_degree
 from harness.workload import Workload, build_workload
 from transfer_strategies.connector_config import ContractError, HarnessSettings, NoParams, TransportSettings, parse
 from transfer_strategies.kv_transfer_params import CORRUPT, FAULT, RECORDS
@@ -23,19 +25,6 @@ from transfer_strategies.kv_transfer_params import CORRUPT, FAULT, RECORDS
 
 class ConfigError(ValueError):
     pass
-
-
-# ---------------------------------------------------------------------- checks before start
-def submits_early(strategy: DictConfig) -> bool:
-    """Whether the decode request can go with the prefill request: this project's (push)
-    connectors park it in vLLM until its KV arrives; vLLM's pull connector (NIXL) needs the
-    prefill engine's answer, and its example connector looks for the KV once, at admission."""
-    return bool(strategy.module) and strategy.get("handoff", "push") == "push"
-
-
-def decode_submit(cfg: DictConfig) -> str:
-    """run.decode_submit as it applies to this strategy: "early" or "after_prefill"."""
-    return cfg.run.get("decode_submit") or ("early" if submits_early(cfg.strategy) else "after_prefill")
 
 
 def resolve_device(cfg: DictConfig) -> str:
@@ -89,27 +78,6 @@ def check_strategy_params(strategy: DictConfig, connector: type | None) -> None:
         parse(params_type(connector), params, "strategy.params")
     except ContractError as e:
         raise ConfigError(f"strategy {strategy.name!r}: {e}") from None
-
-
-def engine_overrides(cfg: DictConfig, role: str | None) -> dict:
-    """The vllm.LLM arguments given for one engine on top of `engine`: engine.extra, then
-    engines.<role> (role: baseline, prefill or decode; None: engine.extra only)."""
-    args = OmegaConf.to_container(cfg.engine.extra, resolve=True) if cfg.engine.get("extra") else {}
-    own = cfg.get("engines", {}).get(role) if role else None
-    args.update(OmegaConf.to_container(own, resolve=True) if own else {})
-    return args
-
-
-def stored_kv_dtype(cfg: DictConfig) -> str | None:
-    """The KV dtype the decode engine stores where the baseline's differs (vLLM's kv_cache_dtype,
-    `engines.prefill={kv_cache_dtype:fp8} engines.decode={kv_cache_dtype:fp8}`): the other way
-    users shrink KV, judged as a lossy strategy is (outputs compared, not required to match)."""
-    mine = engine_overrides(cfg, "decode").get("kv_cache_dtype") or "auto"
-    return mine if mine != (engine_overrides(cfg, "baseline").get("kv_cache_dtype") or "auto") else None
-
-
-def tp_degree(cfg: DictConfig, role: str) -> int:
-    return engine_overrides(cfg, role).get("tensor_parallel_size") or 1
 
 
 def check_settings(cfg: DictConfig) -> None:
@@ -368,8 +336,8 @@ def check_equal_degrees(cfg: DictConfig, connector: type | None) -> None:
                           f"tensor_parallel_size (got {p} and {d})")
 
 
-def checked_inputs(cfg: DictConfig) -> tuple[str, Workload]:
-    """The device and the workload, once everything about the config, the model and the prompts
+def checked_inputs(cfg: DictConfig) -> tuple[Settings, Workload]:
+    """The run's settings and workload, once everything about the config, the model and the prompts
     that can be known before any engine starts has been checked."""
     try:
         check_settings(cfg)
@@ -394,4 +362,4 @@ def checked_inputs(cfg: DictConfig) -> tuple[str, Workload]:
             cfg.strategy.min_prompt_blocks * cfg.engine.block_size + 2, f"strategy {cfg.strategy.name!r}",
             f"engine.block_size + 2: vLLM's {cfg.strategy.connector} names its files after a prompt's whole "
             f"blocks but its last two tokens, and prompts with none collide")
-    return device, workload
+    return settle(cfg, device), workload

@@ -12,14 +12,16 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import PROJECT_ROOT
 from harness.ceiling import link_ceiling_gbps
-from harness.checks import decode_submit, engine_overrides, load_connector, params_type, tp_degree
+from harness.checks import load_connector, params_type
 from harness.engine_process import NETNS_ENV
+from harness.settings import Settings, engine_overrides
 from transfer_strategies.connector_config import ConnectorConfig, HarnessSettings, TransportSettings, parse
 from transfer_strategies.transport.rendezvous import SCHEME
 
 
-def engine_args(cfg: DictConfig, device: str, role: str | None = None) -> dict:
+def engine_args(s: Settings, role: str | None = None) -> dict:
     """vllm.LLM arguments of one engine (role: baseline, prefill or decode; None: engine only)."""
+    cfg, device = s.cfg, s.device
     e = cfg.engine
     eager = device == "cpu" if e.enforce_eager is None else e.enforce_eager  # CUDA graphs on a GPU by default
     args = {"model": str(cfg.model.path), "tokenizer": str(cfg.model.path), "dtype": e.dtype,
@@ -31,19 +33,15 @@ def engine_args(cfg: DictConfig, device: str, role: str | None = None) -> dict:
     args["kv_cache_memory_bytes"] = int(e.kv_cache_gib * 2**30)
     if device == "cuda":
         args["gpu_memory_utilization"] = e.gpu_memory_utilization
-    args.update(engine_overrides(cfg, role))
+    args.update(s.overrides[role] if role else engine_overrides(cfg, None))
     if (args.get("tensor_parallel_size") or 1) > 1:
         args.setdefault("distributed_executor_backend", "mp")  # a worker process per rank, on CPU too
     return args
 
 
-def tp_degrees(cfg: DictConfig) -> tuple[int, int]:
-    """The prefill and decode engines' tensor-parallel degrees (engine.extra, engines.<role>)."""
-    return tp_degree(cfg, "prefill"), tp_degree(cfg, "decode")
-
-
-def engine_env(cfg: DictConfig, device: str, gpu: int, role: str | None = None) -> dict:
+def engine_env(s: Settings, gpu: int, role: str | None = None) -> dict:
     """role: baseline, prefill or decode (None: an engine of no role)."""
+    cfg, device = s.cfg, s.device
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in the engine process: one process to stop
            "TOKENIZERS_PARALLELISM": "false", "GLOO_SOCKET_IFNAME": "lo",
            "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
@@ -80,11 +78,12 @@ def engine_env(cfg: DictConfig, device: str, gpu: int, role: str | None = None) 
     return env
 
 
-def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path | list[Path], stats_path: Path) -> dict:
+def transfer_config(settings: Settings, engine: str, rendezvous: Path | list[Path], stats_path: Path) -> dict:
     """vLLM's kv_transfer_config for the prefill or decode engine. This project's connectors get
     what the harness sets, the strategy's own params and the transport's settings in sections of
     their own (a strategy param cannot shadow a harness value); vLLM's own connectors (no
     strategy.module) get their params as they are."""
+    cfg = settings.cfg
     s = cfg.strategy
     role = s.get("roles", {}).get(engine) or {"prefill": "kv_producer", "decode": "kv_consumer"}[engine]
     params = OmegaConf.to_container(s.params, resolve=True) if s.params else {}
@@ -97,12 +96,12 @@ def transfer_config(cfg: DictConfig, engine: str, rendezvous: Path | list[Path],
     address = cfg.transport.get("address")
     if address:  # the prefill worker listens there, the decode worker connects (rendezvous.py)
         rendezvous = f"{SCHEME}{address}"
-    prefill_tp, decode_tp = tp_degrees(cfg)
+    prefill_tp, decode_tp = settings.tp
     harness = HarnessSettings(
         rendezvous=rendezvous, host=address.rpartition(":")[0] if address else "127.0.0.1",
         stats_path=str(stats_path), prefill_tp=prefill_tp, decode_tp=decode_tp, verify=bool(cfg.check.digests),
         checksums=bool(cfg.check.checksums), timeout_s=float(cfg.run.transfer_timeout_s),
-        startup_timeout_s=float(cfg.run.startup_timeout_s), decode_submit=decode_submit(cfg))
+        startup_timeout_s=float(cfg.run.startup_timeout_s), decode_submit=settings.decode_submit)
     transport = parse(TransportSettings, OmegaConf.to_container(cfg.transport, resolve=True), "transport")
     strategy = parse(params_type(load_connector(s)), params, "strategy.params")
     out.update(kv_connector_module_path=s.module,
@@ -132,6 +131,3 @@ def free_port() -> int:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
-
-def pulls(strategy: DictConfig) -> bool:
-    return strategy.get("handoff", "push") == "pull"

@@ -142,18 +142,18 @@ def main() -> int:
                                            *overrides])
     OmegaConf.resolve(cfg)
     try:
-        device, _ = checked_inputs(cfg)
+        settings, _ = checked_inputs(cfg)
     except (ConfigError, WorkloadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out = a.out or ROOT / "results" / "bench" / time.strftime("crosscheck_%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
-    env = engine_env(cfg, device, cfg.device.baseline_gpu)
-    with instance_behind_router(engine_args(cfg, device), env, out, cfg.run.startup_timeout_s) as (_, router):
+    env = engine_env(settings, cfg.device.baseline_gpu)
+    with instance_behind_router(engine_args(settings), env, out, cfg.run.startup_timeout_s) as (_, router):
         result = crosscheck(router.url, router.url, str(cfg.model.path), out, a.requests, a.vllm_requests,
-                            a.prompt_len, a.max_tokens, (f"device={device}", *overrides))
+                            a.prompt_len, a.max_tokens, (f"device={settings.device}", *overrides))
     write_json(out / "crosscheck.json", {"command": " ".join(["python scripts/bench_crosscheck.py", *sys.argv[1:]]),
-                                         "versions": versions(device), "device": device, **result})
+                                         "versions": versions(settings.device), "device": settings.device, **result})
     for key, _ in KEYS:
         print(f"{key} p50: harness {result[f'harness_{key}_p50']:.2f} ms "
               f"({result['harness_requests_during']} requests while vLLM's ran), "

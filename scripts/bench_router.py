@@ -67,11 +67,11 @@ def main() -> int:
         cfg = compose("config", overrides=["workload=synthetic", f"workload.prompt_len={a.prompt_len}",
                                            f"workload.num_prompts={a.requests}", *a.overrides])
     OmegaConf.resolve(cfg)
-    device, workload = checked_inputs(cfg)
+    settings, workload = checked_inputs(cfg)
     out = a.out or ROOT / "results" / "bench" / time.strftime("router_%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
-    env = engine_env(cfg, device, cfg.device.baseline_gpu)
-    with instance_behind_router(engine_args(cfg, device), env, out, cfg.run.startup_timeout_s) as (instance, router):
+    env = engine_env(settings, cfg.device.baseline_gpu)
+    with instance_behind_router(engine_args(settings), env, out, cfg.run.startup_timeout_s) as (instance, router):
         prompts = [p.token_ids for p in workload.prompts]
         model = str(cfg.model.path)
         asyncio.run(measure(instance.url, router.url, model, prompts[:4], a.max_tokens))  # first use of both
@@ -84,7 +84,8 @@ def main() -> int:
                          "e2e_diff_ms")]
     print(format_table(rows, [Column("what"), Column("p50 ms", "p50", ".3f", interval=True)]))
     write_json(out / "router.json", {"command": " ".join(["python scripts/bench_router.py", *sys.argv[1:]]),
-                                     "versions": versions(device), "device": device, "requests": len(pairs),
+                                     "versions": versions(settings.device), "device": settings.device,
+                                     "requests": len(pairs),
                                      "prompt_len": a.prompt_len, "max_tokens": a.max_tokens, **figures,
                                      "pairs": pairs})
     print(f"router adds {figures['ttft_diff_ms_p50']:.3f} ms to TTFT at p50 "

@@ -19,6 +19,7 @@ from harness import resolvers
 from harness.checks import ConfigError, check_parallelism, check_settings
 from harness.engine_config import transfer_config
 from harness.resolvers import built_in_strategies
+from harness.settings import settle
 from tests.helpers.config import compose_job
 from transfer_strategies.connector_config import TransportSettings
 
@@ -237,7 +238,7 @@ def test_each_strategy_declares_its_params():
 def test_our_connectors_get_harness_strategy_and_transport_sections(tmp_path):
     cfg = compose_job(["strategy=per_request_blocks", "strategy.params.granularity=block", "transport=gloo",
                        "check.corrupt=true", "run.transfer_timeout_s=7"])
-    kv = transfer_config(cfg, "decode", tmp_path / "port", tmp_path / "decode.jsonl")
+    kv = transfer_config(settle(cfg, "cpu"), "decode", tmp_path / "port", tmp_path / "decode.jsonl")
     assert kv["kv_role"] == "kv_consumer" and kv["kv_connector_module_path"] == "transfer_strategies.per_request_blocks"
     extra = kv["kv_connector_extra_config"]
     assert extra["strategy"] == {"granularity": "block"}
@@ -247,7 +248,7 @@ def test_our_connectors_get_harness_strategy_and_transport_sections(tmp_path):
                                 "stats_path": str(tmp_path / "decode.jsonl"), "verify": True,
                                 "checksums": False, "timeout_s": 7.0, "startup_timeout_s": 600.0,
                                 "decode_submit": "early", "prefill_tp": 1, "decode_tp": 1}
-    staged = transfer_config(compose_job(["transport.staging_mb=64", "check.digests=false"]), "prefill",
+    staged = transfer_config(settle(compose_job(["transport.staging_mb=64", "check.digests=false"]), "cpu"), "prefill",
                              tmp_path / "p", tmp_path / "s")["kv_connector_extra_config"]
     assert staged["transport"] == {"kind": "staged", "staging_mb": 64, "address": None, "ifname": None,
                                    "buffer_device": None}
@@ -256,18 +257,19 @@ def test_our_connectors_get_harness_strategy_and_transport_sections(tmp_path):
 
 def test_a_fault_scenario_reaches_the_requests_and_vllms_failure_policy_both_engines(tmp_path):
     cfg = compose_job(["scenario=fault_flip"])
-    prefill, decode = (transfer_config(cfg, e, tmp_path / "p", tmp_path / "s") for e in ("prefill", "decode"))
+    prefill, decode = (transfer_config(settle(cfg, "cpu"), e, tmp_path / "p", tmp_path / "s")
+                       for e in ("prefill", "decode"))
     # the fault travels with each faulted prefill request (tests/test_faults.py), not in the engines'
     # configuration: the same engine pair serves the real and the faulted runs
     plain = compose_job(["check.checksums=true", "run.transfer_timeout_s=5", "run.kv_load_failure_policy=recompute"])
-    assert prefill == transfer_config(plain, "prefill", tmp_path / "p", tmp_path / "s")
+    assert prefill == transfer_config(settle(plain, "cpu"), "prefill", tmp_path / "p", tmp_path / "s")
     assert prefill["kv_load_failure_policy"] == decode["kv_load_failure_policy"] == "recompute"
     assert decode["kv_connector_extra_config"]["harness"]["checksums"] is True
 
 
 def test_vllm_connectors_get_their_params_flat(tmp_path):
     cfg = compose_job(["strategy=vllm_nixl"])
-    kv = transfer_config(cfg, "prefill", tmp_path / "p", tmp_path / "s")
+    kv = transfer_config(settle(cfg, "cpu"), "prefill", tmp_path / "p", tmp_path / "s")
     assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_connector_extra_config": {}}
 
 
@@ -307,10 +309,11 @@ def test_ucx_is_told_tcp_on_the_links_interface_with_cuda_copy_on_a_gpu(monkeypa
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # what a GPU engine's env is built from
     cfg = compose_job(["transport=nixl", "transport.ifname=kv0"])
-    assert engine_env(cfg, "cpu", 0, "decode")["UCX_TLS"] == "tcp"
-    cuda = engine_env(cfg, "cuda", 0, "prefill")
+    assert engine_env(settle(cfg, "cpu"), 0, "decode")["UCX_TLS"] == "tcp"
+    cuda = engine_env(settle(cfg, "cuda"), 0, "prefill")
     assert (cuda["UCX_TLS"], cuda["UCX_NET_DEVICES"], cuda["GLOO_SOCKET_IFNAME"]) == ("tcp,cuda_copy", "kv0", "kv0")
-    assert "UCX_TLS" not in engine_env(compose_job(["transport=nixl"]), "cuda", 0, "prefill")  # no link: UCX picks
+    # no link: UCX picks
+    assert "UCX_TLS" not in engine_env(settle(compose_job(["transport=nixl"]), "cuda"), 0, "prefill")
 
 
 def test_nixl_buffers_are_pinned_host_memory_where_a_gpus_kv_crosses_a_link():
@@ -341,14 +344,14 @@ def test_layerwise_asks_for_piecewise_graphs_only_where_a_decode_step_loads_whil
     for submit, piecewise in (("early", False), ("after_prefill", True)):
         cfg = compose_job(["strategy=layerwise", f"run.decode_submit={submit}"])
         for engine in ("prefill", "decode"):
-            extra = transfer_config(cfg, engine, Path("/tmp/port"), Path("/tmp/stats.jsonl"))
+            extra = transfer_config(settle(cfg, "cpu"), engine, Path("/tmp/port"), Path("/tmp/stats.jsonl"))
             extra = extra["kv_connector_extra_config"]
             assert extra["harness"]["decode_submit"] == submit
             assert LayerwiseConnector.requires_piecewise_for_cudagraph(extra) is piecewise
 
 
 def test_a_kv_cache_dtype_other_than_the_baselines_makes_a_run_lossy():
-    from harness.checks import stored_kv_dtype
+    from harness.settings import stored_kv_dtype
 
     assert stored_kv_dtype(compose_job([])) is None
     assert stored_kv_dtype(compose_job(["engines.decode={kv_cache_dtype:fp8}"])) == "fp8"

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 from harness.checks import ConfigError, check_strategy_params, load_connector, params_type
 from harness.engine_config import transfer_config
 from harness.resolvers import built_in_strategies
+from harness.settings import settle
 from tests.conftest import ROOT, compose_config
 from transfer_strategies.connector_config import (
     RUN_PATHS,
@@ -28,7 +29,8 @@ CONF = ROOT / "conf"
 
 
 def extra_config(*overrides: str, engine: str = "decode") -> dict:
-    kv = transfer_config(compose_config(*overrides), engine, Path("/run/port"), Path("/run/decode.jsonl"))
+    kv = transfer_config(settle(compose_config(*overrides), "cpu"), engine, Path("/run/port"),
+                         Path("/run/decode.jsonl"))
     return kv["kv_connector_extra_config"]
 
 

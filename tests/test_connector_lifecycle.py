@@ -40,6 +40,7 @@ from vllm.v1.request import FinishReason, Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
 from harness.engine_config import transfer_config
+from harness.settings import settle
 from tests.conftest import ROOT, compose_config
 from transfer_strategies.fused import FusedConnector
 from transfer_strategies.kv_transfer_params import push_params
@@ -59,7 +60,8 @@ TOKEN = 7  # what the fake runner samples: never EOS, so a request runs to its m
 def harness_config(policy: str | None):
     """The run's configuration (Hydra's compose: most of a scheduler's making, so once per policy;
     transfer_config only reads it)."""
-    return compose_config("strategy=fused", *([f"run.kv_load_failure_policy={policy}"] if policy else []))
+    return settle(compose_config("strategy=fused", *([f"run.kv_load_failure_policy={policy}"] if policy else [])),
+                  "cpu")
 
 
 def make_scheduler(tmp_path: Path, engine: str = "decode", num_blocks: int = 64, policy: str | None = None,

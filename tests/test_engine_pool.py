@@ -10,11 +10,12 @@ import pytest
 
 from harness.offline.deployment import OfflineDeployment
 from harness.offline.engine_pool import POOL, EnginePool
+from harness.settings import settle
 from tests.conftest import compose_config, run_harness
 
 
 def keys(tmp_path, name: str, *overrides: str) -> dict[str, str]:
-    return OfflineDeployment(compose_config("device=cpu", *overrides), "cpu", tmp_path / name).keys
+    return OfflineDeployment(settle(compose_config("device=cpu", *overrides), "cpu"), tmp_path / name).keys
 
 
 def test_engines_are_shared_by_runs_whose_engines_are_configured_the_same(tmp_path):

@@ -6,7 +6,6 @@ documented in results/README.md's table, with no other list to edit. Fast: no en
 import json
 
 import pytest
-from omegaconf import OmegaConf
 
 import harness.report.compare as gate
 from harness.offline.rows import disagg_row
@@ -16,7 +15,9 @@ from harness.records.schema import BaselineRow, RequestRow, markdown_table
 from harness.records.summary import summarize
 from harness.records.transfer_records import TransferStats
 from harness.report.benchmark import csv_columns, write_tables
+from harness.settings import settle
 from harness.workload import Prompt
+from tests.conftest import compose_config
 from transfer_strategies.records import TransferRecord, TransferRecordWriter
 
 # The decode worker's digests' own time: measured and recorded by the connectors since version 9
@@ -46,8 +47,7 @@ def rows_of(tmp_path, check_ms: list[float]) -> list[dict]:
     tmp_path.mkdir(exist_ok=True)
     sends, receives = tmp_path / "prefill-transfers.jsonl", tmp_path / "decode-transfers.jsonl"
     stats = TransferStats(sends, receives)
-    cfg = OmegaConf.create({"strategy": {"name": "fused", "module": "transfer_strategies.fused"},
-                            "model": {"name": "m"}, "workload": {"name": "w"}, "run": {"decode_submit": None}})
+    settings = settle(compose_config("strategy=fused"), "cpu")
     base = BaselineRow(run_id="r", prompt_idx=0, prompt_len=64, ttft_ms=5.0, e2e_ms=9.0, token_ids=[1, 2],
                        logprobs=None)
     results = [{"token_ids": [1], "first_token_t": 100.004, "finished_t": 100.004, "submitted_t": 100.0},
@@ -57,7 +57,7 @@ def rows_of(tmp_path, check_ms: list[float]) -> list[dict]:
     for i, ms in enumerate(check_ms):
         TransferRecordWriter(sends).write(record("send", f"t-{i}", 0.1))
         TransferRecordWriter(receives).write(record("receive", f"t-{i}", ms))
-        rows.append(disagg_row(cfg, "r", "cpu", Prompt(i, list(range(64))), 100.0, results, base, stats, f"t-{i}"))
+        rows.append(disagg_row(settings, "r", Prompt(i, list(range(64))), 100.0, results, base, stats, f"t-{i}"))
     return rows
 
 

@@ -5,8 +5,6 @@ import json
 import re
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from harness.offline.rows import disagg_row
 from harness.records.fields import OFFLINE, SERVE, TIMELINE
 from harness.records.join import path_parts, ttft_overhead_parts
@@ -23,7 +21,9 @@ from harness.records.schema import (
 )
 from harness.records.summary import run_summary, summarize
 from harness.records.transfer_records import TransferRecordReader, TransferStats
+from harness.settings import settle
 from harness.workload import Prompt
+from tests.conftest import compose_config
 from tests.helpers.serving import serve_rows, serve_summary_of
 from transfer_strategies.records import RECORD_VERSION, ComputeRecord, TransferRecord, TransferRecordWriter
 
@@ -188,21 +188,20 @@ def test_disagg_row_joins_both_sides_records(tmp_path):
     TransferRecordWriter(sends).write(_record("send", "t-0", send_ms=0.5, digests={"all": ["aa", "bb"]}))
     TransferRecordWriter(receives).write(_record("receive", "t-0", transfer_ms=0.25, notify_ms=0.1, load_ms=0.3,
                                                  ready_ms=0.4, digests={"all": ["aa", "bc"]}))
-    cfg = OmegaConf.create({"strategy": {"name": "fused", "module": "transfer_strategies.fused"},
-                            "model": {"name": "m"}, "workload": {"name": "w"}, "run": {"decode_submit": None}})
+    cfg = compose_config("strategy=fused")
     base = BaselineRow(run_id="r", prompt_idx=0, prompt_len=64, ttft_ms=5.0, e2e_ms=9.0, token_ids=[1, 2, 3],
                        logprobs=[-0.1, -0.2, -0.3])
     results = [{"token_ids": [1], "first_token_t": 100.004, "finished_t": 100.004, "submitted_t": 100.0},
                {"token_ids": [1, 2, 4], "logprobs": [-0.1, -0.2, -0.5], "first_token_t": 100.010,
                 "finished_t": 100.020, "submitted_t": 100.0}]
-    row = disagg_row(cfg, "r", "cpu", Prompt(0, list(range(64))), 100.0, results, base, stats, "t-0")
+    row = disagg_row(settle(cfg, "cpu"), "r", Prompt(0, list(range(64))), 100.0, results, base, stats, "t-0")
     assert list(row) == field_names(RequestRow) and row["schema_version"] == SCHEMA_VERSION
     assert row["digest_match"] is False and row["match"] is False and row["first_divergence"] == 2
     assert row["transfer_ms"] == row["transfer_host_ms"] == 0.25 and row["gpu_ms"] is None
     assert row["gbps"] == 2000 / 0.25 / 1e6 and row["send_ms"] == 0.5 and row["notify_ms"] == 0.1
     assert abs(row["ttft_overhead_ms"] - 5.0) < 1e-6
     # a strategy without records (vLLM's own connectors): the row has no transfer columns
-    row = disagg_row(cfg, "r", "cpu", Prompt(1, [5]), 100.0, results, base, stats, "t-1")
+    row = disagg_row(settle(cfg, "cpu"), "r", Prompt(1, [5]), 100.0, results, base, stats, "t-1")
     assert row["bytes"] is None and row["transfer_ms"] is None and row["digest_match"] is None
 
 
@@ -210,12 +209,12 @@ def test_on_a_gpu_transfer_ms_is_the_gpu_clock(tmp_path):
     sends, receives = tmp_path / "s.jsonl", tmp_path / "r.jsonl"
     TransferRecordWriter(sends).write(_record("send", gpu_ms=0.2))
     TransferRecordWriter(receives).write(_record("receive", transfer_ms=0.3))
-    cfg = OmegaConf.create({"strategy": {"name": "fused", "module": "transfer_strategies.fused"},
-                            "model": {"name": "m"}, "workload": {"name": "w"}, "run": {"decode_submit": None}})
+    cfg = compose_config("strategy=fused")
     base = {"token_ids": [1], "logprobs": None, "ttft_ms": 1.0, "e2e_ms": 1.0}
     results = [{"token_ids": [1], "first_token_t": 1.0, "finished_t": 1.0, "submitted_t": 0.0},
                {"token_ids": [1], "logprobs": None, "first_token_t": 1.0, "finished_t": 1.0, "submitted_t": 0.0}]
-    row = disagg_row(cfg, "r", "cuda", Prompt(0, [1]), 0.0, results, base, TransferStats(sends, receives), "t-0")
+    row = disagg_row(settle(cfg, "cuda"), "r", Prompt(0, [1]), 0.0, results, base, TransferStats(sends, receives),
+                     "t-0")
     assert (row["transfer_ms"], row["transfer_host_ms"], row["gpu_ms"]) == (0.2, 0.3, 0.2)
 
 

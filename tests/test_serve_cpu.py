@@ -30,6 +30,7 @@ from harness.serving.checks import check_instances
 from harness.serving.instances import InstanceDied, ServerProcess, serve_command
 from harness.serving.load import TIMED_OUT, LoadError, LoadSpec, arrival_schedule
 from harness.serving.router import PREFIX_TOKENS, Pool, Router
+from harness.settings import settle
 from tests.conftest import FULL, SLOW, compose_config, refused_in_process, run_harness
 from tests.helpers.serving import config
 
@@ -233,7 +234,7 @@ def test_a_stream_that_came_in_bursts_is_flagged_and_counted():
                             token_ids=list(range(len(times))), logprobs=[0.0] * len(times))
 
     def made(path, i, gaps_ms):
-        return row(cfg, "r", "cpu", path, client(i, gaps_ms), Prompt(i, [1] * 8), None, None, 4.0)
+        return row(settle(cfg, "cpu"), "r", path, client(i, gaps_ms), Prompt(i, [1] * 8), None, None, 4.0)
 
     burst = made("baseline", 0, [0.01] * 12 + [9.0] * 3)  # most tokens in one flush: the 2-core machine's case
     steady = made("disagg", 0, [9.0, 0.01, 8.5, 9.5])  # one merged pair among steps
@@ -567,8 +568,8 @@ def test_each_instance_starts_on_its_sides_gpu_plus_its_place_times_its_tp_degre
     """device.<role>_gpu is the side's first GPU; instance i's workers start i x TP degree past it."""
     from harness.serving.deployment import first_gpu
 
-    cfg = compose_config("runner=serve", "serve.prefill_instances=2", "engines.prefill={tensor_parallel_size:2}",
-                         "device.decode_gpu=4")
+    cfg = settle(compose_config("runner=serve", "serve.prefill_instances=2", "engines.prefill={tensor_parallel_size:2}",
+                                "device.decode_gpu=4"), "cuda")
     assert [first_gpu(cfg, "prefill", i) for i in range(2)] == [0, 2]
     assert [first_gpu(cfg, "decode", i) for i in range(2)] == [4, 5]
     assert [first_gpu(cfg, "baseline", i) for i in range(3)] == [0, 1, 2]

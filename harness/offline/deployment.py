@@ -13,8 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from harness.checks import decode_submit
-from harness.engine_config import channel_files, engine_args, engine_env, free_port, pulls, tp_degrees, transfer_config
+from harness.engine_config import channel_files, engine_args, engine_env, free_port, transfer_config
 from harness.engine_process import EngineDied, EngineProcess, wait_ready
 from harness.link import VethLink
 from harness.offline.engine_pool import EnginePool, engine_key
@@ -22,6 +21,7 @@ from harness.offline.pipeline import pipeline
 from harness.records.files import write_json
 from harness.records.transfer_records import TransferStats
 from harness.scenario import Abort, fault_for
+from harness.settings import Settings, pulls
 from harness.workload import Prompt, Workload
 from transfer_strategies.kv_transfer_params import push_params
 from transfer_strategies.transport import remove_leftovers
@@ -89,22 +89,21 @@ class OfflineDeployment:
     driven a pass at a time, asked what they still hold, and stopped or kept. A prompt's prefill
     and decode requests carry one transfer id (transfer_id), the connectors' records too."""
 
-    def __init__(self, cfg: DictConfig, device: str, run_dir: Path, pool: EnginePool | None = None,
+    def __init__(self, settings: Settings, run_dir: Path, pool: EnginePool | None = None,
                  link: VethLink | None = None):
-        self.cfg, self.device, self.run_dir, self.pool, self.link = cfg, device, run_dir, pool, link
+        cfg = settings.cfg
+        self.settings, self.cfg, self.run_dir, self.pool, self.link = settings, cfg, run_dir, pool, link
         self.rendezvous = run_dir / "kv-channel.port"  # the prefill worker writes the port it bound
-        for path in channel_files(self.rendezvous, *tp_degrees(cfg)):
+        for path in channel_files(self.rendezvous, *settings.tp):
             path.unlink(missing_ok=True)
         self.stats_paths = (run_dir / "prefill-transfers.jsonl", run_dir / "decode-transfers.jsonl")
         self.tag = uuid.uuid4().hex[:6]
         self.specs = {
-            "baseline": (engine_args(cfg, device, "baseline"), cfg.device.baseline_gpu),
-            "prefill": (dict(engine_args(cfg, device, "prefill"),
-                             kv_transfer_config=transfer_config(cfg, "prefill", self.rendezvous, self.stats_paths[0])),
-                        cfg.device.prefill_gpu),
-            "decode": (dict(engine_args(cfg, device, "decode"),
-                            kv_transfer_config=transfer_config(cfg, "decode", self.rendezvous, self.stats_paths[1])),
-                       cfg.device.decode_gpu),
+            "baseline": (engine_args(settings, "baseline"), cfg.device.baseline_gpu),
+            "prefill": (dict(engine_args(settings, "prefill"), kv_transfer_config=transfer_config(
+                settings, "prefill", self.rendezvous, self.stats_paths[0])), cfg.device.prefill_gpu),
+            "decode": (dict(engine_args(settings, "decode"), kv_transfer_config=transfer_config(
+                settings, "decode", self.rendezvous, self.stats_paths[1])), cfg.device.decode_gpu),
         }
         self.envs = {name: self._env(name) for name in self.specs}
         self.keys = {slot: engine_key([(*self.specs[n][:1], self.envs[n], self.specs[n][1]) for n in names])
@@ -113,11 +112,11 @@ class OfflineDeployment:
         self.reused: dict[str, bool] = {}  # engine name -> taken from the pool (not started by this run)
         # what stopping each slot's engines leaves to remove: the channel's files of the run that started them
         self.cleanups = {"baseline": lambda: None,
-                         "disagg": lambda: remove_leftovers(channel_files(self.rendezvous, *tp_degrees(cfg)))}
+                         "disagg": lambda: remove_leftovers(channel_files(self.rendezvous, *settings.tp))}
 
     def _env(self, name: str) -> dict:
-        env = engine_env(self.cfg, self.device, self.specs[name][1], name)
-        if name != "baseline" and pulls(self.cfg.strategy):
+        env = engine_env(self.settings, self.specs[name][1], name)
+        if name != "baseline" and self.settings.pulls:
             # vLLM's NIXL connector listens on a side channel per engine for the handshake
             env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
         return env
@@ -198,7 +197,7 @@ class OfflineDeployment:
         """Every prompt through the prefill engine, then the decode engine with the prefill's KV
         (decode_submit=early: both requests at once, the decode request parked until its KV is in)."""
         cfg, s, tid = self.cfg, self.cfg.strategy, self.transfer_id
-        early = decode_submit(cfg) == "early"
+        early = self.settings.early
         sends, receives = self.stats_paths
         prefill = (self.engines["prefill"], lambda p, r: sampling_params(
             cfg, 1, handoff_params(s, "prefill", tid(p), None, records=sends, fault=fault_for(cfg, p))))
@@ -210,7 +209,7 @@ class OfflineDeployment:
 
     def transfer_stats(self) -> TransferStats:
         """A reader of the prefill and decode engines' transfer and compute records."""
-        return TransferStats(*self.stats_paths, tp=tp_degrees(self.cfg), expected=bool(self.cfg.strategy.module))
+        return TransferStats(*self.stats_paths, tp=self.settings.tp, expected=bool(self.cfg.strategy.module))
 
     def usage(self) -> tuple[dict, dict]:
         """The prefill and decode engines' KV blocks in use and what their connector workers hold,

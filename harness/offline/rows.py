@@ -6,15 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from omegaconf import DictConfig
-
-from harness.checks import decode_submit
 from harness.records.accuracy import task_score
 from harness.records.compare import compare_outputs
 from harness.records.files import JsonlWriter
 from harness.records.join import kv_gated, timeline, transfer_fields, ttft_overhead_parts
 from harness.records.schema import BaselineRow, RequestRow
 from harness.records.transfer_records import TransferStats
+from harness.settings import Settings
 from harness.workload import Prompt
 
 
@@ -27,11 +25,11 @@ def baseline_row(run_id: str, p: Prompt, t0: float, results: list[dict]) -> dict
                        task_score=task_score(r["token_ids"], p.reference))
 
 
-def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: list[dict], base: dict,
+def disagg_row(settings: Settings, run_id: str, p: Prompt, t0: float, results: list[dict], base: dict,
                stats: TransferStats, transfer_id: str) -> dict:
     """requests.jsonl's row for one prompt: the two engines' results, the baseline's row, the join of
     both sides' transfer records (harness/records/join.py) and the request's timeline."""
-    pre, dec = results
+    cfg, pre, dec = settings.cfg, *results
     send, recv, digest_match = stats.take_transfer(transfer_id, received=dec.get("finish_reason") not in ("abort",
                                                                                                        "error"))
     joined = transfer_fields(send, recv, digest_match, stats.take(transfer_id, "prefill"),
@@ -49,7 +47,8 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
         error = error or "the decode engine failed the request"
     return RequestRow(
         **RequestRow.known(joined),
-        run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name, workload=cfg.workload.name, device=device,
+        run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name, workload=cfg.workload.name,
+        device=settings.device,
         prompt_idx=p.index, prompt_len=len(p.token_ids), output_len=len(dec["token_ids"]),
         conversation=p.conversation, turn=p.turn,
         match=cmp.match, first_divergence=cmp.first_divergence, max_logprob_diff=cmp.max_logprob_diff,
@@ -58,7 +57,7 @@ def disagg_row(cfg, run_id: str, device: str, p: Prompt, t0: float, results: lis
         prefill_ms=(pre["finished_t"] - t0) * 1e3, prefill_ttft_ms=prefill_ttft,
         prefill_ttft_overhead_ms=prefill_ttft - base["ttft_ms"], ttft_ms=ttft, e2e_ms=(dec["finished_t"] - t0) * 1e3,
         ttft_overhead_ms=ttft - base["ttft_ms"], after_forward_ms=after_forward_ms,
-        **t, **ttft_overhead_parts(t, base["ttft_ms"], kv_gated(decode_submit(cfg) == "early", recv)),
+        **t, **ttft_overhead_parts(t, base["ttft_ms"], kv_gated(settings.early, recv)),
         fault=send.fault if send is not None else None,
         aborted="+".join(n for n, r in zip(("prefill", "decode"), results) if r.get("finish_reason") == "abort")
         or None,
@@ -71,8 +70,8 @@ class RunRows:
     compare against them), whether its second pass matched it (run.baseline_repeat), and the P/D
     path's rows; each written to its file at once."""
 
-    def __init__(self, cfg: DictConfig, run_dir: Path, run_id: str, device: str):
-        self.cfg, self.run_id, self.device = cfg, run_id, device
+    def __init__(self, settings: Settings, run_dir: Path, run_id: str):
+        self.settings, self.run_id = settings, run_id
         self.base: dict[int, dict] = {}
         self.self_match: list[bool] = []  # the baseline's second pass against its first, per prompt
         self.requests: list[dict] = []
@@ -90,7 +89,7 @@ class RunRows:
         self.self_match.append(row["token_ids"] == self.base[p.index]["token_ids"])
 
     def add_request(self, p: Prompt, t0: float, results: list[dict], stats: TransferStats, transfer_id: str) -> None:
-        row = disagg_row(self.cfg, self.run_id, self.device, p, t0, results, self.base[p.index], stats, transfer_id)
+        row = disagg_row(self.settings, self.run_id, p, t0, results, self.base[p.index], stats, transfer_id)
         self.requests.append(row)
         self.req_out.write(row)
 

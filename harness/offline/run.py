@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness import scenario
 from harness.ceiling import copy_ceiling_gbps
-from harness.checks import ConfigError, checked_inputs, decode_submit, stored_kv_dtype
+from harness.checks import ConfigError, checked_inputs
 from harness.engine_config import link_ceiling
 from harness.engine_process import EngineDied
 from harness.link import LinkError, VethLink, link_for, open_link
@@ -64,18 +64,19 @@ def _run(cfg: DictConfig, run_dir: Path, link: VethLink | None = None) -> int:
     run_id = run_dir.name
     t_run = time.monotonic()
     try:
-        device, workload = checked_inputs(cfg)
+        settings, workload = checked_inputs(cfg)
     except (ConfigError, WorkloadError) as e:
         return bad_input(run_dir, e)
 
+    device = settings.device
     meta = {"run_id": run_id, "versions": versions(device), "strategy": cfg.strategy.name,
-            "decode_submit": decode_submit(cfg), "model": cfg.model.name, "workload": cfg.workload.name,
+            "decode_submit": settings.decode_submit, "model": cfg.model.name, "workload": cfg.workload.name,
             "num_prompts": len(workload.prompts), "config": OmegaConf.to_container(cfg, resolve=True)}
     write_json(run_dir / "meta.json", meta)
     ceiling = copy_ceiling_gbps(device)  # before the engines start: the machine is quiet
     link_gbps = link_ceiling(cfg)
-    deployment = OfflineDeployment(cfg, device, run_dir, pool=POOL if cfg.run.reuse_engines else None, link=link)
-    rows = RunRows(cfg, run_dir, run_id, device)
+    deployment = OfflineDeployment(settings, run_dir, pool=POOL if cfg.run.reuse_engines else None, link=link)
+    rows = RunRows(settings, run_dir, run_id)
     kv_in_use: dict[str, int | None] = {}
     transfer_held: dict[str, dict | None] = {}
     status, code, error = "ok", 0, None
@@ -112,9 +113,9 @@ def _run(cfg: DictConfig, run_dir: Path, link: VethLink | None = None) -> int:
                           model=cfg.model.name, workload=cfg.workload.name, device=device, copy_ceiling_gbps=ceiling,
                           timings=timings, engine_pids={n: e.proc.pid for n, e in deployment.engines.items()},
                           cudagraph_modes={n: e.cudagraph_mode for n, e in deployment.engines.items()},
-                          decode_submit=decode_submit(cfg), kv_blocks_in_use=kv_in_use, transfer_held=transfer_held,
+                          decode_submit=settings.decode_submit, kv_blocks_in_use=kv_in_use, transfer_held=transfer_held,
                           engines_reused=dict(deployment.reused), engine_logs=deployment.engine_logs(),
-                          kv_cache_dtype=stored_kv_dtype(cfg),
+                          kv_cache_dtype=settings.kv_cache_dtype,
                           **({"link_ceiling_gbps": link_gbps} if link_gbps is not None else {}),
                           **({"link": link.spec.summary()} if link is not None else {}),
                           baseline_self_mismatches=self_match.count(False) if self_match else None,

@@ -9,10 +9,10 @@ import urllib.request
 
 from omegaconf import DictConfig
 
-from harness.engine_config import pulls
 from harness.serving.load import LoadError, LoadSpec
 from harness.serving.router import POLICIES
 from harness.serving.schedule import load_spec
+from harness.settings import pulls
 from harness.workload import Workload
 
 

@@ -46,17 +46,17 @@ def deploy(cfg: DictConfig, run_dir: Path) -> int:
         if cfg.serve.endpoints.baseline is not None or cfg.serve.endpoints.disagg is not None:
             raise ConfigError("serve.endpoints: python -m harness.serving.deploy starts a deployment; "
                               "it has nothing to do with one that is already running")
-        device, _ = checked_inputs(cfg)
+        settings, _ = checked_inputs(cfg)
     except (ConfigError, WorkloadError, LoadError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    deployment = ServingDeployment(cfg, device, run_dir, baseline=bool(cfg.serve.deploy_baseline))
+    deployment = ServingDeployment(settings, run_dir, baseline=bool(cfg.serve.deploy_baseline))
     code = 0
     try:
         t0 = time.monotonic()
         deployment.start(cfg.run.startup_timeout_s)
         write_json(run_dir / "endpoints.json", deployment.urls)
-        lines = [f"[deploy] strategy={cfg.strategy.name}, model={cfg.model.name}, device={device}: up in "
+        lines = [f"[deploy] strategy={cfg.strategy.name}, model={cfg.model.name}, device={settings.device}: up in "
                  f"{time.monotonic() - t0:.0f} s", f"[deploy] P/D endpoint (the router): {deployment.urls['disagg']}"]
         if "baseline" in deployment.urls:
             lines.append(f"[deploy] colocated baseline: {deployment.urls['baseline']}")

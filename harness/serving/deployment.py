@@ -13,10 +13,10 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from harness import process_group
-from harness.checks import decode_submit, tp_degree
-from harness.engine_config import engine_args, engine_env, free_port, pulls, transfer_config
+from harness.engine_config import engine_args, engine_env, free_port, transfer_config
 from harness.records.files import write_json
 from harness.serving.instances import InstanceDied, ServerProcess, router_process, vllm_instance
+from harness.settings import Settings
 from transfer_strategies.transport import remove_leftovers
 
 
@@ -34,12 +34,12 @@ def instance_counts(cfg: DictConfig) -> dict[str, int]:
     return {"baseline": p + d if s.baseline_instances == "matched" else s.baseline_instances, "prefill": p, "decode": d}
 
 
-def first_gpu(cfg: DictConfig, role: str, i: int) -> int:
+def first_gpu(settings: Settings, role: str, i: int) -> int:
     """The first GPU of instance i of a side (its workers take the next ones, as many as its TP
     degree): the side's device.<role>_gpu + i x that degree, so two baselines from GPU 0 are on
     GPUs 0 and 1, two TP 2 prefill instances from GPU 0 on GPUs 0-1 and 2-3 (counted modulo the
     GPUs there are: on one GPU every instance shares it)."""
-    return cfg.device[f"{role}_gpu"] + i * tp_degree(cfg, role)
+    return settings.cfg.device[f"{role}_gpu"] + i * settings.tp_of(role)
 
 
 def instance_names(side: str, count: int) -> list[str]:
@@ -54,9 +54,11 @@ class ServingDeployment:
     instance (transport/fan_out.py, fan_in.py), and the router tells the prefill instance which
     one a request's decode half went to; vLLM's pull connector takes any shape."""
 
-    def __init__(self, cfg: DictConfig, device: str, run_dir: Path, baseline: bool = True):
-        """baseline: also the colocated instances and their router (python -m harness.serving.deploy may go without)."""
-        self.cfg, self.run_dir = cfg, run_dir
+    def __init__(self, settings: Settings, run_dir: Path, baseline: bool = True):
+        """baseline: also the colocated instances and their router (python -m harness.serving.deploy
+        may go without)."""
+        cfg, device = settings.cfg, settings.device
+        self.settings, self.cfg, self.run_dir = settings, cfg, run_dir
         self.servers: dict[str, ServerProcess] = {}
         self.semaphores_before = process_group.semaphores()
         s = cfg.serve
@@ -80,19 +82,19 @@ class ServingDeployment:
         def ends(paths: list[Path]) -> Path | list[Path]:  # one channel: a path, as offline
             return paths if len(paths) > 1 else paths[0]
 
-        kv = {p: transfer_config(cfg, "prefill", ends([self.channels[p, d] for d in self.decode_names]),
+        kv = {p: transfer_config(settings, "prefill", ends([self.channels[p, d] for d in self.decode_names]),
                                  run_dir / f"{p}-transfers.jsonl") for p in self.prefill_names}
-        kv.update({d: transfer_config(cfg, "decode", ends([self.channels[p, d] for p in self.prefill_names]),
+        kv.update({d: transfer_config(settings, "decode", ends([self.channels[p, d] for p in self.prefill_names]),
                                       run_dir / f"{d}-transfers.jsonl") for d in self.decode_names})
         for names in (self.baseline_names, self.prefill_names, self.decode_names):
             for i, name in enumerate(names):
                 role = name.rstrip("0123456789")
-                gpu = first_gpu(cfg, role, i)
-                env = engine_env(cfg, device, gpu if device != "cuda" else gpu % gpu_count())
-                if name in kv and pulls(cfg.strategy):  # vLLM's NIXL handshake: a side channel per engine
+                gpu = first_gpu(settings, role, i)
+                env = engine_env(settings, gpu if device != "cuda" else gpu % gpu_count())
+                if name in kv and settings.pulls:  # vLLM's NIXL handshake: a side channel per engine
                     env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
                 kv_args = {"kv_transfer_config": kv[name]} if name in kv else {}
-                self.servers[name] = vllm_instance(name, {**engine_args(cfg, device, role), **kv_args}, env,
+                self.servers[name] = vllm_instance(name, {**engine_args(settings, role), **kv_args}, env,
                                                    run_dir / f"{name}.log")
         self.urls: dict[str, str] = {}  # once started: the routers'
 
@@ -109,7 +111,8 @@ class ServingDeployment:
         # the routers once the instances' ports are theirs (an instance whose port was taken has another)
         cfg, s = self.cfg, self.cfg.serve
         hang_s = max(cfg.run.request_timeout_s, cfg.run.startup_timeout_s)
-        handoff = ["--handoff", "pull" if pulls(cfg.strategy) else "push", "--decode-submit", decode_submit(cfg),
+        handoff = ["--handoff", "pull" if self.settings.pulls else "push", "--decode-submit",
+                   self.settings.decode_submit,
                    # the client holds requests to run.request_timeout_s; the router only drops upstreams
                    # that hang (the warm-up's first use may take as long as a start-up)
                    "--policy", s.policy, *(["--prefill-policy", s.prefill_policy] if s.prefill_policy else []),

@@ -19,6 +19,7 @@ from harness.serving.instances import InstanceDied
 from harness.serving.load import ClientResult, LoadSpec, ScheduledRequest, send_all
 from harness.serving.rows import RowWriter, row
 from harness.serving.schedule import scenario_schedule
+from harness.settings import Settings
 from harness.workload import Prompt, Workload, warmup_workload
 
 
@@ -61,9 +62,9 @@ class ServePasses:
     """A run's passes over its deployment, each request's row written as it ends (baseline.jsonl,
     requests.jsonl, probes.jsonl), every pass compared with the baseline's first."""
 
-    def __init__(self, cfg: DictConfig, client: Client, run_id: str, device: str, stats: TransferStats | None,
+    def __init__(self, settings: Settings, client: Client, run_id: str, stats: TransferStats | None,
                  outs: dict[str, JsonlWriter], probe_prompts: list[Prompt], timings: dict):
-        self.cfg, self.client, self.run_id, self.device, self.stats = cfg, client, run_id, device, stats
+        self.settings, self.cfg, self.client, self.run_id, self.stats = settings, settings.cfg, client, run_id, stats
         self.outs, self.probe_prompts, self.timings = outs, probe_prompts, timings
         self.base: dict[int, ClientResult] = {}  # the baseline's first pass, by request
         self.base_probes: dict[int, ClientResult] = {}
@@ -102,7 +103,7 @@ class ServePasses:
         first_baseline = path == "baseline" and not rep
         base = self.base  # the baseline's first pass (empty while it runs: what it is compared with is itself)
         writer = RowWriter(self.outs["disagg" if path == "disagg" else "baseline"], lambda r: row(
-            cfg, self.run_id, self.device, path, r, workload.prompts[r.prompt_idx],
+            self.settings, self.run_id, path, r, workload.prompts[r.prompt_idx],
             None if first_baseline else base.get(r.index), stats, self.client.spec.rate_at(r.index), rep), stats)
 
         def on_result(r: ClientResult) -> None:
@@ -112,7 +113,7 @@ class ServePasses:
         probe_writer = on_probe = None
         if "probes" in self.outs and path != "baseline_repeat" and not rep:  # P/D probes against the baseline's
             probe_writer = RowWriter(self.outs["probes"], lambda r: row(
-                cfg, self.run_id, self.device, f"{path}_probe", r, self.probe_prompts[r.prompt_idx],
+                self.settings, self.run_id, f"{path}_probe", r, self.probe_prompts[r.prompt_idx],
                 self.base_probes.get(r.index) if path == "disagg" else None, stats,
                 1 / cfg.serve.probes.interval_s), stats)
 

@@ -9,7 +9,6 @@ import queue
 import threading
 import time
 
-from harness.checks import decode_submit
 from harness.records.accuracy import task_score
 from harness.records.compare import compare_outputs
 from harness.records.files import JsonlWriter
@@ -18,6 +17,7 @@ from harness.records.schema import HANDOVER_PATH, ServeRow
 from harness.records.serve_summary import coalesced
 from harness.records.transfer_records import TransferStats
 from harness.serving.load import ClientResult
+from harness.settings import Settings
 from harness.workload import Prompt
 
 
@@ -25,9 +25,9 @@ def ms(t: float | None) -> float | None:
     return None if t is None else t * 1e3
 
 
-def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, base: ClientResult | None,
+def row(settings: Settings, run_id: str, path: str, r: ClientResult, p: Prompt, base: ClientResult | None,
         stats: TransferStats | None, rate: float, repeat: int = 0) -> dict:
-    ok = r.status == "ok"
+    cfg, ok = settings.cfg, r.status == "ok"
     ttft = r.t_first * 1e3 if r.t_first is not None else None
     e2e = r.t_done * 1e3 if ok else None
     tpot = (e2e - ttft) / (len(r.token_ids) - 1) if ok and len(r.token_ids) > 1 else None
@@ -47,10 +47,11 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, ba
         send, recv, digest_match = stats.take_transfer(r.transfer_id, received=r.status == "ok")
         joined = transfer_fields(send, recv, digest_match, stats.take(r.transfer_id, "prefill"),
                                  stats.take(r.transfer_id, "decode"))
-    parts = handover(cfg, r, send, recv) if ok and path.startswith("disagg") else None
+    parts = handover(settings, r, send, recv) if ok and path.startswith("disagg") else None
     return ServeRow(
         **ServeRow.known(joined),
-        run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name, workload=cfg.workload.name, device=device,
+        run_id=run_id, strategy=cfg.strategy.name, model=cfg.model.name, workload=cfg.workload.name,
+        device=settings.device,
         path=path, request_idx=r.index, prompt_idx=r.prompt_idx, prompt_len=r.prompt_len,
         output_len=len(r.token_ids), conversation=p.conversation, turn=p.turn, status=r.status, error=r.error,
         request_rate=rate, arrival_s=r.arrival_s,
@@ -66,17 +67,18 @@ def row(cfg, run_id: str, device: str, path: str, r: ClientResult, p: Prompt, ba
         task_score=task_score(r.token_ids, p.reference) if ok else None)
 
 
-def handover(cfg, r: ClientResult, send, recv) -> dict[str, float] | None:
+def handover(settings: Settings, r: ClientResult, send, recv) -> dict[str, float] | None:
     """The P/D request's time to the decode instance's first token at the client, cut along
     HANDOVER_PATH on one clock: the client's, the router's `routed` stamp and the connectors'
     records (harness/records/join.py path_parts). None where a stamp is missing (vLLM's connectors,
     endpoints not through the project's router) or where the KV did not gate the first token."""
-    first = r.t_decode_token if r.t_decode_token is not None else None if cfg.serve.stream_prefill_token else r.t_first
+    streamed = settings.cfg.serve.stream_prefill_token
+    first = r.t_decode_token if r.t_decode_token is not None else None if streamed else r.t_first
     if r.t_origin is None or r.t_routed is None or first is None:
         return None
     t = {f"t_{e}_ms": None if v is None else (v - r.t_origin) * 1e3 for e, v in record_stamps(send, recv).items()}
     t.update(t_routed_ms=r.t_routed * 1e3, t_first_token_ms=first * 1e3)
-    return path_parts(t, HANDOVER_PATH, kv_gates_first_token=kv_gated(decode_submit(cfg) == "early", recv))
+    return path_parts(t, HANDOVER_PATH, kv_gates_first_token=kv_gated(settings.early, recv))
 
 
 class RowWriter:

@@ -30,8 +30,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from harness import scenario
-from harness.checks import ConfigError, checked_inputs, decode_submit, stored_kv_dtype
-from harness.engine_config import tp_degrees
+from harness.checks import ConfigError, checked_inputs
 from harness.records.files import JsonlWriter, read_jsonl, write_json
 from harness.records.meta import versions
 from harness.records.serve_summary import serve_summary
@@ -44,6 +43,7 @@ from harness.serving.instances import InstanceDied
 from harness.serving.load import LoadError
 from harness.serving.passes import Client, ServePasses
 from harness.serving.schedule import load_spec, probe_schedule, request_schedule
+from harness.settings import Settings
 from harness.tracking import track
 from harness.workload import WorkloadError
 
@@ -56,7 +56,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     t_run = time.monotonic()
     try:
         check_serve_inputs(cfg)
-        device, workload = checked_inputs(cfg)
+        settings, workload = checked_inputs(cfg)
         check_serve_workload(cfg, load_spec(cfg), workload)
         check_endpoints(cfg)
     except (ConfigError, WorkloadError, LoadError) as e:
@@ -68,24 +68,24 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     schedule = request_schedule(spec, workload)
     probes, probe_prompts = probe_schedule(cfg, schedule)
     write_json(run_dir / "meta.json", {
-        "run_id": run_id, "runner": "serve", "versions": versions(device), "strategy": cfg.strategy.name,
-        "decode_submit": decode_submit(cfg), "model": cfg.model.name, "workload": cfg.workload.name,
+        "run_id": run_id, "runner": "serve", "versions": versions(settings.device), "strategy": cfg.strategy.name,
+        "decode_submit": settings.decode_submit, "model": cfg.model.name, "workload": cfg.workload.name,
         "num_prompts": len(workload.prompts), "num_requests": len(schedule),
         "config": OmegaConf.to_container(cfg, resolve=True)})
-    deployment = ServingDeployment(cfg, device, run_dir)
+    deployment = ServingDeployment(settings, run_dir)
     status, code, error = "ok", 0, None
     timings: dict = {}
     kv_usage = {}
     outs = {"baseline": JsonlWriter(run_dir / "baseline.jsonl"), "disagg": JsonlWriter(run_dir / "requests.jsonl"),
             **({"probes": JsonlWriter(run_dir / "probes.jsonl")} if probes else {})}
     # each engine's workers write a record file each
-    stats = None if deployment.external else TransferStats(*deployment.stats_paths, tp=tp_degrees(cfg),
+    stats = None if deployment.external else TransferStats(*deployment.stats_paths, tp=settings.tp,
                                                            prefill_engines=len(deployment.prefill_names))
-    passes = ServePasses(cfg, Client(cfg, spec, deployment, workload, probes), run_id, device, stats, outs,
+    passes = ServePasses(settings, Client(cfg, spec, deployment, workload, probes), run_id, stats, outs,
                          probe_prompts, timings)
     try:
         print(f"[harness] {run_id}: serving {len(schedule)} requests at {rate(cfg, spec, workload)} "
-              f"({cfg.arrivals.name}), strategy={cfg.strategy.name}, model={cfg.model.name}, device={device}; "
+              f"({cfg.arrivals.name}), strategy={cfg.strategy.name}, model={cfg.model.name}, device={settings.device}; "
               f"logs in {run_dir}", flush=True)
         t0 = time.monotonic()
         deployment.start(cfg.run.startup_timeout_s)
@@ -103,7 +103,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
         for out in outs.values():
             out.close()
     timings["total_s"] = time.monotonic() - t_run
-    return record(cfg, run_dir, run_facts(cfg, run_id, device, deployment.external), status, code, error, timings,
+    return record(cfg, run_dir, run_facts(settings, run_id, deployment.external), status, code, error, timings,
                   kv_usage)
 
 
@@ -137,8 +137,9 @@ def record(cfg: DictConfig, run_dir: Path, facts: dict, status: str, code: int, 
     return code
 
 
-def run_facts(cfg: DictConfig, run_id: str, device: str, external: bool) -> dict:
+def run_facts(settings: Settings, run_id: str, external: bool) -> dict:
     """What the run was, as summary.json states it (harness/records/serve_summary.py)."""
+    cfg, device = settings.cfg, settings.device
     trace = cfg.workload.get("_target_") == "harness.workload.trace"
     return {"run_id": run_id, "strategy": cfg.strategy.name, "model": cfg.model.name, "workload": cfg.workload.name,
             "device": device, "external_endpoints": external, "request_rate": float(cfg.serve.request_rate),
@@ -148,5 +149,5 @@ def run_facts(cfg: DictConfig, run_id: str, device: str, external: bool) -> dict
                 "strategy": cfg.serve.ramp_up, "start_rps": cfg.serve.ramp_up_start_rps,
                 "end_rps": cfg.serve.ramp_up_end_rps},
             "max_concurrency": cfg.serve.max_concurrency, "instances": None if external else instance_counts(cfg),
-            "slo": {"ttft_ms": cfg.slo.ttft_ms, "tpot_ms": cfg.slo.tpot_ms}, "kv_cache_dtype": stored_kv_dtype(cfg),
+            "slo": {"ttft_ms": cfg.slo.ttft_ms, "tpot_ms": cfg.slo.tpot_ms}, "kv_cache_dtype": settings.kv_cache_dtype,
             "coalesced_gap_ms": cfg.serve.coalesced_gap_ms}

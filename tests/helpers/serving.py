@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from harness.records.schema import ServeRow, field_names
 from harness.records.serve_summary import serve_summary
 from harness.serving.serve import run_facts
+from harness.settings import settle
 from tests.conftest import ROOT
 
 
@@ -31,7 +32,7 @@ def serve_summary_of(rows: list[dict]) -> dict:
         (d / "baseline.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["path"] != "disagg"))
         cfg = config("runner=serve", "strategy=fused", "serve.request_rate=4.0", "serve.max_concurrency=null",
                      "slo.ttft_ms=null", "slo.tpot_ms=null")
-        return serve_summary(d, run_facts(cfg, "r", "cpu", external=False), status="ok", error=None, timings={},
+        return serve_summary(d, run_facts(settle(cfg, "cpu"), "r", external=False), status="ok", error=None, timings={},
                              kv_usage={"prefill": 0.0, "decode": 0.0}, repeats=cfg.serve.repeats,
                              probe_interval_s=cfg.serve.probes.interval_s)
 

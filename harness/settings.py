@@ -1,0 +1,75 @@
+"""A run's configuration as it applies, settled once. checks.py judges the composed config (bad
+input: exit 2 and one line, before any engine starts); checked_inputs then settles it here, and
+the runners and engine_config read the Settings instead of working the same things out of the raw
+config again (when the decode request goes, each engine's vLLM arguments and tensor-parallel
+degree, whether the decode side pulls the KV, the KV dtype the P/D engines store)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+ROLES = ("baseline", "prefill", "decode")
+
+
+@dataclass(frozen=True)
+class Settings:
+    cfg: DictConfig  # the composed config, for the values used as they are (sampling, serve.*, ...)
+    device: str  # cpu or cuda, as resolved
+    decode_submit: str  # early or after_prefill, as it applies to the strategy
+    pulls: bool  # the decode side pulls the KV (vLLM's NIXL connector) after the prefill's answer
+    overrides: dict[str, dict]  # each engine's vLLM arguments on top of `engine` (engine_overrides)
+    tp: tuple[int, int]  # the prefill and decode engines' tensor-parallel degrees
+    kv_cache_dtype: str | None  # the KV dtype the P/D engines store where the baseline's differs
+
+    @property
+    def early(self) -> bool:
+        return self.decode_submit == "early"
+
+    def tp_of(self, role: str) -> int:
+        return self.overrides[role].get("tensor_parallel_size") or 1
+
+
+def settle(cfg: DictConfig, device: str) -> Settings:
+    """The Settings of a config that passed every check (checks.checked_inputs)."""
+    return Settings(cfg=cfg, device=device, decode_submit=decode_submit(cfg), pulls=pulls(cfg.strategy),
+                    overrides={role: engine_overrides(cfg, role) for role in ROLES},
+                    tp=(tp_degree(cfg, "prefill"), tp_degree(cfg, "decode")), kv_cache_dtype=stored_kv_dtype(cfg))
+
+
+def engine_overrides(cfg: DictConfig, role: str | None) -> dict:
+    """The vllm.LLM arguments given for one engine on top of `engine`: engine.extra, then
+    engines.<role> (role: baseline, prefill or decode; None: engine.extra only)."""
+    args = OmegaConf.to_container(cfg.engine.extra, resolve=True) if cfg.engine.get("extra") else {}
+    own = cfg.get("engines", {}).get(role) if role else None
+    args.update(OmegaConf.to_container(own, resolve=True) if own else {})
+    return args
+
+
+def tp_degree(cfg: DictConfig, role: str) -> int:
+    return engine_overrides(cfg, role).get("tensor_parallel_size") or 1
+
+
+def submits_early(strategy: DictConfig) -> bool:
+    """Whether the decode request can go with the prefill request: this project's (push)
+    connectors park it in vLLM until its KV arrives; vLLM's pull connector (NIXL) needs the
+    prefill engine's answer, and its example connector looks for the KV once, at admission."""
+    return bool(strategy.module) and strategy.get("handoff", "push") == "push"
+
+
+def pulls(strategy: DictConfig) -> bool:
+    return strategy.get("handoff", "push") == "pull"
+
+
+def decode_submit(cfg: DictConfig) -> str:
+    """run.decode_submit as it applies to this strategy: "early" or "after_prefill"."""
+    return cfg.run.get("decode_submit") or ("early" if submits_early(cfg.strategy) else "after_prefill")
+
+
+def stored_kv_dtype(cfg: DictConfig) -> str | None:
+    """The KV dtype the decode engine stores where the baseline's differs (vLLM's kv_cache_dtype,
+    `engines.prefill={kv_cache_dtype:fp8} engines.decode={kv_cache_dtype:fp8}`): the other way
+    users shrink KV, judged as a lossy strategy is (outputs compared, not required to match)."""
+    mine = engine_overrides(cfg, "decode").get("kv_cache_dtype") or "auto"
+    return mine if mine != (engine_overrides(cfg, "baseline").get("kv_cache_dtype") or "auto") else None
