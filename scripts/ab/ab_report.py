@@ -8,8 +8,10 @@ derived from the timeline where a row lacks it, as the loader does) and both wor
 records (digest_ms per side; the warm-up transfer, a negative prompt index, left out). Per label
 (variant) and prompt length: medians with a 95% bootstrap interval over every request of every
 round of that label, the means of the TTFT overhead's parts, and the median of each round alone
-(the run-to-run spread, one engine start each); then each label against the first (the
-difference of medians, with a bootstrap interval of it).
+(the run-to-run spread, one engine start each) with their mean and its t-interval over the rounds
+(what a rerun's start falls in); then each label against the first (the difference of medians,
+with a bootstrap interval of it). A run of several strategies labels each one's runs
+<label>:<strategy> (fused's: <label>).
 """
 
 from __future__ import annotations
@@ -45,6 +47,18 @@ def diff_ci(a: list[float], b: list[float]) -> tuple[float, float, float]:
     ds = sorted(statistics.median(rng.choices(b, k=len(b))) - statistics.median(rng.choices(a, k=len(a)))
                 for _ in range(RESAMPLES))
     return statistics.median(b) - statistics.median(a), ds[int(0.025 * RESAMPLES)], ds[int(0.975 * RESAMPLES) - 1]
+
+
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228]  # Student's t, 1-10 d.f.
+
+
+def mean_t_interval(xs: list[float]) -> tuple[float, float, float]:
+    """The mean of a few independent measurements (engine starts) and its 95% t-interval."""
+    if len(xs) < 2:
+        return (xs[0] if xs else float("nan")), float("nan"), float("nan")
+    m = statistics.mean(xs)
+    half = (T975[len(xs) - 2] if len(xs) <= len(T975) + 1 else 1.96) * statistics.stdev(xs) / len(xs) ** 0.5
+    return m, m - half, m + half
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -103,7 +117,7 @@ def fmt(v, spec=".2f") -> str:
 def report(requests: list[dict], runs: list[dict]) -> str:
     labels = list(dict.fromkeys(r["label"] for r in sorted(runs, key=lambda r: r["order"])))
     lengths = sorted({r["prompt_len"] for r in requests})
-    out = ["# A/B: fused, decode submitted early, one GPU", ""]
+    out = ["# A/B of source trees, runs alternated on one machine", ""]
     out.append("## Runs (in the order they ran)")
     out.append("")
     out.append("| # | label | round | tree | commit | extra overrides | status | requests | ceiling GB/s | startup s "
@@ -152,7 +166,8 @@ def report(requests: list[dict], runs: list[dict]) -> str:
                    "ceiling share | digest send | digest recv | check | decode |")
         out.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for r in sorted(runs, key=lambda r: r["order"]):
-            rows = [q for q in requests if q["order"] == r["order"] and q["prompt_len"] == n]
+            rows = [q for q in requests if q["order"] == r["order"] and q["label"] == r["label"]
+                    and q["prompt_len"] == n]
             if not rows:
                 continue
 
@@ -169,6 +184,19 @@ def report(requests: list[dict], runs: list[dict]) -> str:
                        f"{fmt(med('digest_ms_send'), '.3f')} | "
                        f"{fmt(med('digest_ms_receive'), '.3f')} | {fmt(mean('overhead_check_ms'))} | "
                        f"{fmt(mean('overhead_decode_ms'))} |")
+        out += ["", f"{n} tokens, between engine starts: the mean of each round's median [95% t-interval over the "
+                f"rounds] (the interval a rerun's start falls in)", ""]
+        out.append("| metric | " + " | ".join(f"{lab} (rounds)" for lab in labels) + " |")
+        out.append("|---|" + "---|" * len(labels))
+        for m in ["ttft_overhead_ms", "after_forward_ms", "prefill_ttft_overhead_ms", "kv_ms", "transfer_ms"]:
+            cells = []
+            for lab in labels:
+                meds = [statistics.median(xs) for order in sorted({q["order"] for q in requests if q["label"] == lab})
+                        if (xs := [q[m] for q in requests if q["order"] == order and q["label"] == lab
+                                   and q["prompt_len"] == n and q.get(m) is not None])]
+                mean, lo, hi = mean_t_interval(meds)
+                cells.append(f"{fmt(mean, '.3f')} [{fmt(lo, '.3f')}, {fmt(hi, '.3f')}] ({len(meds)})")
+            out.append(f"| {m} | " + " | ".join(cells) + " |")
     bad = [r for r in requests if r.get("error") or r.get("match") is False or r.get("digest_match") is False]
     out += ["", f"Requests with an error, a mismatch or a digest failure: {len(bad)} "
                 "(dummy weights: outputs match trivially; the digests are the check)."]
