@@ -81,15 +81,15 @@ ROWS = {"decode_preemption": preempted_requests_end_correctly, "prefill_reuse": 
     pytest.param(s, st, marks=() if kept(s) == st else FULL, id=f"{s}-{st}") for s in SCENARIOS for st in STRATEGIES])
 def test_each_scenario_provokes_what_it_names_and_shows_what_it_declares(results_dir, scenario, strategy):
     """The run ends ok: every check of every run, and the scenario's own `expect` (its YAML: what
-    summary.json must show, judged by the verdict); then what the scenario's rows show. Nobody
-    waits past the 5 s transfer timeout more than the scenario makes them (a fault's two requests,
-    an aborted prefill's decode request)."""
+    summary.json must show, judged by the verdict); then what the scenario's rows show. No request
+    the scenario left alone failed (none waited out the transfer timeout for KV it should have had),
+    however long the machine took."""
     run = run_harness(results_dir / f"scenario-{scenario}-{strategy}", f"scenario={scenario}", f"strategy={strategy}",
                       *(["run.transfer_timeout_s=30"] if scenario == "decode_preemption" else []))
     assert run.code == 0, run.stderr[-3000:]
     assert run.summary["status"] == "ok"
     ROWS.get(scenario, lambda run: None)(run)
-    assert run.summary["timings"]["disagg_s"] < 30
+    assert all(r["error"] is None for r in run.jsonl("requests.jsonl") if not r["fault"] and not r["aborted"])
 
 
 def test_a_scenario_whose_run_does_not_show_what_it_declares_fails(results_dir):
@@ -136,7 +136,7 @@ def test_a_prefill_worker_dying_mid_transfer_stops_the_run(results_dir, prefill_
                       f"engines.prefill={{tensor_parallel_size:{prefill_tp}}}")
     assert run.code == 3, run.stderr[-3000:]
     assert ("prefill engine" if prefill_tp == 1 else "engine") in run.stderr and "died" in run.stderr
-    assert run.summary["status"] == "engine_failed" and run.summary["timings"]["total_s"] < 150
+    assert run.summary["status"] == "engine_failed" and "died" in run.summary["error"]
     assert len(run.jsonl("baseline.jsonl")) == 4 and len(run.jsonl("requests.jsonl")) == 1
     for name, pid in run.summary["engine_pids"].items():
         if name == "baseline" and pid in POOL.pids():  # idle since its passes ended: kept for the next run

@@ -279,3 +279,39 @@ def test_a_serving_requests_handover_parts_add_up_to_its_time_to_the_decodes_fir
     assert s["handover_requests"] == 3 and abs(s["handover_ttft_mean_ms"] - 220.0) < 1e-9  # 110 x mean(1, 2, 3)
     assert abs(sum(s["handover_parts_mean_ms"].values()) - s["handover_ttft_mean_ms"]) < 1e-9
     assert s["handover_base_ttft_mean_ms"] == 81.0 and abs(s["handover_overhead_mean_ms"] - 139.0) < 1e-9
+
+
+def test_two_threads_sharing_the_records_reader_take_every_record_once(tmp_path):
+    """runner=serve's row writers of the load and of the probes share one TransferStats while the
+    workers append: without its lock, two reads from one offset advanced it twice and the next read
+    began inside a record (a JSON error that ended a row writer and lost its rows)."""
+    import threading
+
+    sends, receives = tmp_path / "prefill-transfers.jsonl", tmp_path / "decode-transfers.jsonl"
+    stats = TransferStats(sends, receives)
+    n, taken, errors = 300, {"a": [], "b": []}, []
+    writers = TransferRecordWriter(sends), TransferRecordWriter(receives)
+
+    def write():
+        for i in range(n):
+            for w, side in zip(writers, ("send", "receive")):
+                w.write(_record(side, f"t-{i}"))
+
+    def take(name: str, ids: list[int]):
+        try:
+            for i in ids:
+                while not stats.has_both(f"t-{i}"):
+                    pass
+                send, recv, _ = stats.take_transfer(f"t-{i}")
+                taken[name].append((send.transfer_id, recv.transfer_id))
+        except Exception as e:  # noqa: BLE001 - what the thread met, for the assert
+            errors.append(e)
+
+    threads = [threading.Thread(target=write), threading.Thread(target=take, args=("a", range(0, n, 2))),
+               threading.Thread(target=take, args=("b", range(1, n, 2)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == [] and not any(t.is_alive() for t in threads)
+    assert sorted(taken["a"] + taken["b"]) == sorted((f"t-{i}", f"t-{i}") for i in range(n))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -128,7 +129,10 @@ class TransferStats:
     """The connectors' records, read as they are appended: each file from where the last read
     stopped, only when a record asked for is not in yet. Sides: the workers' transfer records
     ("send", "receive"), one per worker of the engine (tensor parallelism), merged, and the
-    scheduler sides' compute records ("prefill", "decode") written beside them."""
+    scheduler sides' compute records ("prefill", "decode") written beside them. Safe to share
+    between threads (runner=serve's row writers of the load and of the probes share one): a read
+    and a take hold its lock, so no two threads read one file from the same place (both advancing
+    its offset, the next read would start inside a record)."""
 
     def __init__(self, *paths: Path, tp: tuple[int, int] = (1, 1), prefill_engines: int = 1,
                  expected: bool = False):
@@ -142,12 +146,14 @@ class TransferStats:
         self.readers = [TransferRecordReader(rank_path(p, r)) for p, n in zip(paths, degrees) for r in range(n)]
         self.readers += [TransferRecordReader(compute_path(p), ComputeRecord) for p in paths]
         self.records: dict[tuple[str, str], list[TransferRecord | ComputeRecord]] = {}
+        self._lock = threading.Lock()
 
     def has_both(self, transfer_id: str) -> bool:
         """Whether both sides' records of this transfer are in, from every worker (reading what
         was appended)."""
-        self._read()
-        return all(self._workers_in(transfer_id, side) >= n for side, n in self.workers.items())
+        with self._lock:
+            self._read()
+            return all(self._workers_in(transfer_id, side) >= n for side, n in self.workers.items())
 
     def _workers_in(self, transfer_id: str, side: str) -> int:
         return len({getattr(r, "rank", 0) for r in self.records.get((transfer_id, side), ())})
@@ -164,14 +170,18 @@ class TransferStats:
         nothing to load for when the message comes; either can be after the request finished."""
         want = self.workers.get(side, 1)
         deadline = time.monotonic() + wait_s
-        while self._workers_in(transfer_id, side) < want:
-            self._read()
-            waits = self.expected
-            if (not waits and (transfer_id, side) not in self.records) or time.monotonic() > deadline:
-                break
-            if self._workers_in(transfer_id, side) < want:
-                time.sleep(0.01)
-        found = self.records.pop((transfer_id, side), [])
+        while True:
+            with self._lock:
+                if self._workers_in(transfer_id, side) >= want:
+                    break
+                self._read()
+                missing = (transfer_id, side) not in self.records
+                if self._workers_in(transfer_id, side) >= want or (not self.expected and missing) \
+                        or time.monotonic() > deadline:
+                    break
+            time.sleep(0.01)
+        with self._lock:
+            found = self.records.pop((transfer_id, side), [])
         return list({getattr(r, "rank", 0): r for r in found}.values())
 
     def take(self, transfer_id: str, side: str) -> ComputeRecord | None:

@@ -127,9 +127,15 @@ class ServePasses:
                                        schedule if path != "disagg" else scenario_schedule(cfg, schedule, workload),
                                        on_result=on_result, on_probe=on_probe)
         finally:
-            for w in (writer, probe_writer):
-                if w is not None:
-                    w.close(abandon=sys.exc_info()[0] is not None)
+            abandon, failed = sys.exc_info()[0] is not None, None
+            for w in (writer, probe_writer):  # each closed (its rows written) before either says what failed
+                try:
+                    if w is not None:
+                        w.close(abandon=abandon)
+                except RuntimeError as e:
+                    failed = failed or e
+            if failed is not None:
+                raise failed
         self.timings[f"{path}_s"] = self.timings.get(f"{path}_s", 0.0) + time.monotonic() - t0
         if first_baseline:
             self.base = {r.index: r for r in results}

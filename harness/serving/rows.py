@@ -85,12 +85,15 @@ class RowWriter:
     """Writes each request's row as soon as it ends, so that a run stopped halfway keeps what it
     measured. A thread of its own: a P/D row waits (up to wait_s) for its transfer records,
     which the workers append a moment after the client has its answer (a faulted request's
-    even when it failed: they say why)."""
+    even when it failed: they say why). A row that cannot be made stops nothing else: the rest
+    are written, and close() raises the first such error, so that the run fails saying why
+    rather than quietly keeping fewer rows than it sent requests."""
 
     def __init__(self, out: JsonlWriter, make_row, stats: TransferStats | None, wait_s: float = 5.0):
         self.out, self.make_row, self.stats, self.wait_s = out, make_row, stats, wait_s
         self.queue: queue.Queue = queue.Queue()
         self.abandon = threading.Event()  # the run is stopping: no more waiting for records
+        self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._loop, name="row-writer", daemon=True)
         self.thread.start()
 
@@ -104,10 +107,15 @@ class RowWriter:
                 while not self.stats.has_both(r.transfer_id) and time.monotonic() < deadline \
                         and not self.abandon.is_set():
                     time.sleep(0.01)
-            self.out.write(self.make_row(r))
+            try:
+                self.out.write(self.make_row(r))
+            except Exception as e:  # noqa: BLE001 - said by close(), after the other rows are written
+                self.error = self.error or e
 
     def close(self, abandon: bool = False) -> None:
         if abandon:
             self.abandon.set()
         self.queue.put(None)
         self.thread.join()
+        if self.error is not None and not abandon:
+            raise RuntimeError(f"a row could not be written: {self.error!r}") from self.error
