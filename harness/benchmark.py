@@ -13,8 +13,11 @@ them (-- bench.lengths=[32,2048] bench.strategies=[fused]). A strategy's own eng
 conf/experiment/<experiment>/<strategy>.yaml.
 
 One harness run per strategy (its prompts cover every length, one request in flight at a
-time), then one table per strategy and prompt length (medians, each with its 95% bootstrap
-interval where the requests differ):
+time), bench.engine_starts times (each its own engine start: the runs of a round interleave
+the strategies, as an A/B does; with several, <strategy>/start<k>/), then one table per strategy
+and prompt length (medians, each with its 95% bootstrap interval where the requests differ; with
+several starts, the mean of the starts' medians with its t-interval over the starts, which is
+what a rerun's start is expected in):
   transfer ms     the sender starts gathering -> the last byte is in the decode engine's memory
                   (on a GPU: on the GPU's clock, CUDA events)
   host clock ms   the same on the host's clock
@@ -81,6 +84,9 @@ def main() -> int:
         print(write_tables(out, labels, ceiling, (out / "table.md").read_text().splitlines()[0]))
         return 0
     plan = Plan.compose(args.experiment, args.overrides, args.two_gpus)  # bad input stops here, before any run
+    if plan.device == "cuda" and not cuda_available():  # before the ceiling is measured on it
+        print(f"error: --experiment {args.experiment} runs on CUDA, and torch sees no GPU here", file=sys.stderr)
+        return 2
     lengths = plan.lengths
     out = Path(args.out or ROOT / "results" / "bench" / time.strftime("strategies_%Y-%m-%d_%H-%M-%S"))
     if out.exists() and any(out.iterdir()):  # the harness appends to its records: never mix two benchmarks
@@ -99,22 +105,43 @@ def main() -> int:
     print(f"copy ceiling before: {ceiling_before:.2f} GB/s", flush=True)
 
     codes = []
-    for label, strategy, submit in plan.runs:
-        run_dir = out / label
-        cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}",
-               *plan.harness_overrides(strategy, out / "prompts.jsonl", submit)]
-        print(f"--- {label}: {' '.join(cmd[2:])}", flush=True)
-        codes.append(subprocess.run(cmd, cwd=ROOT).returncode)
+    for start in range(1, plan.starts + 1):  # each start round runs every strategy once, as an A/B does
+        for label, strategy, submit in plan.runs:
+            run_dir = out / label / f"start{start}" if plan.starts > 1 else out / label
+            cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}",
+                   *plan.harness_overrides(strategy, out / "prompts.jsonl", submit)]
+            print(f"--- {label}, engine start {start} of {plan.starts}: {' '.join(cmd[2:])}", flush=True)
+            codes.append(subprocess.run(cmd, cwd=ROOT).returncode)
+            if codes[-1] == 2:  # bad input (the harness said why in one line): every run would be refused
+                print(f"error: the harness refused {label}'s run (above); nothing measured", file=sys.stderr)
+                return 2
 
     ceiling_after = ceiling_now()
     ceiling = max(ceiling_before, ceiling_after)
     print(f"copy ceiling after: {ceiling_after:.2f} GB/s", flush=True)
 
-    title = (f"ceiling ({ceiling_of}, same run): {ceiling:.2f} GB/s "
+    title = (f"{device_name(plan.device)}; ceiling ({ceiling_of}, same run): {ceiling:.2f} GB/s "
              f"(before {ceiling_before:.2f}, after {ceiling_after:.2f})")
     print(write_tables(out, [label for label, _, _ in plan.runs], ceiling, title))
     print(f"\nwritten: {out / 'table.md'}, {out / 'rows.csv'}, {out / 'figure.png'}")
     return 0 if all(c == 0 for c in codes) else 1
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def device_name(device: str) -> str:
+    """What the table's rows ran on: the GPU's name (every row of a table on one kind), or the CPU."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.get_device_name(0)
+    import platform
+
+    return f"CPU ({platform.processor() or platform.machine()})"
 
 
 class Plan:
@@ -122,10 +149,11 @@ class Plan:
     (composed as the harness composes it) says about lengths, strategies and device."""
 
     def __init__(self, experiment: str, overrides: list[str], lengths: list[int], per_length: int,
-                 strategies: list[str], device: str, submits: list[str | None] | None = None):
+                 strategies: list[str], device: str, submits: list[str | None] | None = None, starts: int = 1):
         self.experiment, self.overrides = experiment, overrides
         self.lengths, self.per_length, self.strategies, self.device = lengths, per_length, strategies, device
         self.submits = submits or [None]
+        self.starts = starts  # bench.engine_starts: each strategy's engines started this many times
 
     @property
     def runs(self) -> list[tuple[str, str, str | None]]:
@@ -151,8 +179,11 @@ class Plan:
             bench = cfg.get("bench")
             if bench is None:
                 raise ValueError(f"experiment {experiment!r} has no bench section (lengths, per_length, strategies)")
+            starts = bench.get("engine_starts", 1)
+            if isinstance(starts, bool) or not isinstance(starts, int) or starts < 1:
+                raise ValueError(f"bench.engine_starts must be a whole number >= 1, got {starts!r}")
             plan = cls(experiment, list(overrides), [int(n) for n in bench.lengths], int(bench.per_length),
-                       list(bench.strategies), cfg.device.type, list(bench.get("decode_submit") or []))
+                       list(bench.strategies), cfg.device.type, list(bench.get("decode_submit") or []), starts)
         except (HydraException, OmegaConfBaseException, ValueError, TypeError) as e:
             print(f"error: --experiment {experiment} -- {' '.join(overrides)}: {str(e).splitlines()[0]}",
                   file=sys.stderr)

@@ -22,28 +22,31 @@ REFERENCE = ROOT / "results" / "gpu" / "2026-12-02-s14" / "ttft-early"  # the do
 
 
 def write_bench(out: Path, shift_ms: float = 0.0, lengths=(2048, 8192), submit: str = "early",
-                names: dict[str, str] | None = None, missing: tuple[str, ...] = ()) -> Path:
+                names: dict[str, str] | None = None, missing: tuple[str, ...] = (),
+                starts: tuple[float, ...] | None = None) -> Path:
     """A benchmark directory as scripts/bench_strategies.py leaves it: one run directory per
     strategy (named as given in names), its requests.jsonl of RequestRow rows and its summary.json
     (the decode_submit that applied). Every metric is 10 ms with the same seeded noise in every
-    call, plus shift_ms: two calls differ by exactly the shift; metrics in missing have no value."""
+    call, plus shift_ms: two calls differ by exactly the shift; metrics in missing have no value.
+    starts: one engine start per entry (<label>/start<k>/), each shifted by its entry again."""
     names = names or {"fused": "fused", "layerwise": "layerwise"}
     unset = dict.fromkeys(RequestRow.names())
     for strategy, label in names.items():
-        run = out / label
-        run.mkdir(parents=True)
-        rng = np.random.default_rng(0)
-        rows = []
-        for n in lengths:
-            for i in range(12):
-                row = RequestRow(**{**unset, "run_id": label, "strategy": strategy, "prompt_idx": i,
-                                    "prompt_len": n, "output_len": 4, "match": True})
-                for m in guard.metrics():
-                    row[m] = None if m in missing else 10.0 + float(rng.normal(0, 0.3)) + shift_ms
-                rows.append(row)
-        (run / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        summary = {"schema_version": SCHEMA_VERSION, "status": "ok", "decode_submit": submit}
-        (run / "summary.json").write_text(json.dumps(summary))
+        for k, start_ms in enumerate(starts or (0.0,), 1):
+            run = out / label / f"start{k}" if starts else out / label
+            run.mkdir(parents=True)
+            rng = np.random.default_rng(0)
+            rows = []
+            for n in lengths:
+                for i in range(12):
+                    row = RequestRow(**{**unset, "run_id": label, "strategy": strategy, "prompt_idx": i,
+                                        "prompt_len": n, "output_len": 4, "match": True})
+                    for m in guard.metrics():
+                        row[m] = None if m in missing else 10.0 + float(rng.normal(0, 0.3)) + shift_ms + start_ms
+                    rows.append(row)
+            (run / "requests.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+            summary = {"schema_version": SCHEMA_VERSION, "status": "ok", "decode_submit": submit}
+            (run / "summary.json").write_text(json.dumps(summary))
     return out
 
 
@@ -187,3 +190,34 @@ def test_the_committed_reference_against_itself_passes():
     assert p.returncode == 0, p.stderr
     assert "slower 0, faster 0, same 42, n/a 0" in p.stdout  # 3 strategies x 2 lengths x 7 metrics
     assert "no cell slower" in p.stdout
+
+
+def test_with_several_engine_starts_a_change_is_judged_by_the_interval_over_the_starts(tmp_path, capsys):
+    """Starts 2 ms apart: a new benchmark 1 ms slower lies within them (the request-level intervals of
+    one start would have called it slower: each is under a millisecond wide); one 20 ms slower does not."""
+    ref = write_bench(tmp_path / "ref", starts=(0.0, 2.0, 4.0))
+    new = write_bench(tmp_path / "new", shift_ms=1.0, starts=(0.0, 2.0, 4.0))
+    code, out, _ = run_guard(capsys, new, ref, "--slack-ms", "0")
+    assert code == 0 and verdicts(out) == {"same"} and "starts" in out and "requests" not in out.split("SLOWER")[0]
+    cells = guard.load_cells(ref)
+    assert {int(g["start"].nunique()) for g in cells.values()} == {3}
+    row = guard.compare_cell(guard.load_cells(new)[("fused", "early", 2048)], cells[("fused", "early", 2048)],
+                             ("fused", "early", 2048), "transfer_ms", 0.0)
+    assert row["interval"] == "starts" and row["new"] - row["ref"] == pytest.approx(1.0)
+    assert row["ref_lo"] < row["ref"] - 2 and row["ref_hi"] > row["ref"] + 2  # the t-interval of 3 start medians
+    much = write_bench(tmp_path / "much", shift_ms=20.0, starts=(0.0, 2.0, 4.0))
+    assert run_guard(capsys, much, ref)[0] == 1
+
+
+def test_the_table_of_several_starts_gives_each_starts_median_and_their_interval(tmp_path):
+    from harness.report.benchmark import strategy_rows, strategy_table
+    from harness.report.load import load_requests
+
+    bench = write_bench(tmp_path / "b", starts=(0.0, 2.0, 4.0), names={"fused": "fused"})
+    rows = strategy_rows(load_requests(bench), ["fused"], ceiling=1.0)
+    assert [r["starts"] for r in rows] == [3, 3]
+    medians = [float(v) for v in rows[0]["transfer_ms_starts"].split(";")]
+    assert len(medians) == 3 and rows[0]["transfer_ms_across"] == pytest.approx(sum(medians) / 3, rel=1e-6)
+    assert medians[1] - medians[0] == pytest.approx(2.0, abs=1e-6)
+    table = strategy_table(rows)
+    assert table.splitlines()[0].startswith("| strategy | prompt | starts |") and "| 3 |" in table

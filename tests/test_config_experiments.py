@@ -2,6 +2,9 @@
 the configs each benchmark run gets, as `scripts/bench_strategies.py` builds its harness
 commands and Hydra composes them."""
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -11,6 +14,7 @@ from omegaconf import OmegaConf
 import harness.benchmark as bench
 from harness import resolvers
 from harness.resolvers import built_in_strategies
+from tests.conftest import SLOW
 
 ROOT = Path(__file__).resolve().parent.parent
 resolvers.register()
@@ -70,8 +74,8 @@ def test_the_cpu_benchmark_composes_what_the_old_flags_did():
         old = OmegaConf.to_container(composed([f"strategy={strategy}", "device=cpu", "workload=jsonl",
                                                f"workload.path={PROMPTS}", "engine.max_model_len=2112",
                                                "sampling.max_tokens=4"]), resolve=True)
-        assert new.pop("bench") == {"lengths": plan.lengths, "per_length": 5, "strategies": plan.strategies,
-                                    "decode_submit": []}
+        assert new.pop("bench") == {"lengths": plan.lengths, "per_length": 5, "engine_starts": 1,
+                                    "strategies": plan.strategies, "decode_submit": []}
         assert new == old, strategy
 
 
@@ -85,6 +89,7 @@ def test_overrides_after_the_double_dash_reach_every_run():
     ("cpu_bench", ["bench.lenghts=[32]"], "bench.lenghts"),
     ("nope", [], "experiment/nope"),
     ("gpu_check", [], "no bench section"),
+    ("cpu_bench", ["bench.engine_starts=0"], "bench.engine_starts must be a whole number >= 1"),
 ])
 def test_bad_benchmark_input_stops_before_any_run(experiment, overrides, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -101,3 +106,24 @@ def test_a_benchmark_runs_each_strategy_once_per_decode_submit_mode():
     job = composed(plan.harness_overrides("fused", PROMPTS, "after_prefill"))
     assert job.run.decode_submit == "after_prefill" and job.engine.enforce_eager is None  # CUDA graphs on a GPU
     assert bench.Plan.compose("gpu_ttft", ["bench.decode_submit=[early]"]).runs[0] == ("fused", "fused", "early")
+
+
+def test_the_gpu_benchmarks_start_each_strategys_engines_three_times():
+    """A figure's interval must cover what a rerun shows: between engine starts (docs/benchmarking.md)."""
+    assert bench.Plan.compose("gpu_ttft", []).starts >= 3 and bench.Plan.compose("gpu_bench", []).starts >= 3
+    assert bench.Plan.compose("cpu_bench", ["bench.engine_starts=2"]).starts == 2
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(),
+                    reason="proves what gpu_run.sh does where the benchmark cannot run")
+@SLOW
+def test_a_gpu_recipe_that_measured_nothing_exits_non_zero(tmp_path):
+    """gpu_run.sh once wrote an empty table after its runs died and exited 0 (issue 47)."""
+    env = dict(os.environ, RUNS=str(tmp_path), OUT=str(tmp_path), LENGTHS="64",
+               PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    script = str(ROOT / "scripts" / "gpu_run.sh")
+    p = subprocess.run(["bash", script, "bench"], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "torch sees no GPU" in p.stdout and "FAILED: exit code 2" in p.stderr
+    p = subprocess.run(["bash", script, "bnech"], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "no recipe 'bnech'" in p.stderr

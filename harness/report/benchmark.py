@@ -5,6 +5,7 @@ transfer against the ceiling measured in the same benchmark, the TTFT overhead a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +13,7 @@ import pandas as pd
 
 from harness.records.fields import Field
 from harness.records.schema import CRITICAL_PATH, OVERHEAD_PARTS, shown_in
-from harness.records.stats import Column, format_table, p50_with_interval
+from harness.records.stats import Column, format_table, mean_interval, p50_with_interval, percentile
 from harness.records.summary import format_overhead, overhead_means
 from harness.report.load import load_requests
 
@@ -20,7 +21,8 @@ from harness.report.load import load_requests
 def write_tables(out: Path, labels: list[str], ceiling: float, title: str) -> str:
     """table.md, rows.csv and figure.png in out from the records of its runs (one per label)."""
     rows = strategy_rows(load_requests(*(out / s for s in labels if (out / s).is_dir())), labels, ceiling)
-    table = f"{title}\n\n{strategy_table(rows)}\n\n{INTERVAL_NOTE}"
+    starts = max((r["starts"] for r in rows), default=1)
+    table = f"{title}\n\n{strategy_table(rows)}\n\n{STARTS_NOTE.format(starts=starts) if starts > 1 else INTERVAL_NOTE}"
     (out / "table.md").write_text(table + "\n")
     pd.DataFrame(rows, columns=csv_columns()).to_csv(out / "rows.csv", index=False)
     plot(out, title=title)
@@ -34,14 +36,23 @@ def medians() -> list[str]:
 
 
 def csv_columns() -> list[str]:
-    """rows.csv: the cell, the medians, their share of the ceiling, outputs and digests, the means of
-    the TTFT overhead's parts (they add up to the mean overhead), then each median's interval."""
-    return (["strategy", "prompt_len", *medians(), "ceiling_share", "match_rate", "digest_ok", "overhead_mean_ms",
-             *OVERHEAD_PARTS] + [f"{k}_{end}" for k in [*medians(), "ceiling_share"] for end in ("lo", "hi")])
+    """rows.csv: the cell and its engine starts, the medians, their share of the ceiling, outputs and
+    digests, the means of the TTFT overhead's parts (they add up to the mean overhead), each
+    median's interval over the requests, then across engine starts: each start's median, their
+    mean and its t-interval (empty with one start)."""
+    across = [f"{k}_{end}" for k in medians() for end in ("across", "across_lo", "across_hi", "starts")]
+    return (["strategy", "prompt_len", "starts", *medians(), "ceiling_share", "match_rate", "digest_ok",
+             "overhead_mean_ms", *OVERHEAD_PARTS]
+            + [f"{k}_{end}" for k in [*medians(), "ceiling_share"] for end in ("lo", "hi")] + across)
 
 
 INTERVAL_NOTE = ("Each value is the median of that strategy's requests of that length; [lo, hi] is its 95% bootstrap "
-                 "interval (1000 resamples, harness/records/stats.py), shown where the requests differ.")
+                 "interval (1000 resamples, harness/records/stats.py), shown where the requests differ. That interval "
+                 "covers the prompts of one engine start only: starts differ by more (bench.engine_starts).")
+STARTS_NOTE = ("Each value is the mean of the {starts} engine starts' medians of that strategy's requests of that "
+               "length; [lo, hi] is its 95% t-interval over the starts (harness/records/stats.py mean_interval): "
+               "where a rerun's start is expected. Each start's medians are in rows.csv (<metric>_starts), the "
+               "medians over every request with their bootstrap interval (over the prompts alone) beside them.")
 
 
 def strategy_rows(requests: pd.DataFrame, labels: list[str], ceiling: float) -> list[dict]:
@@ -49,9 +60,10 @@ def strategy_rows(requests: pd.DataFrame, labels: list[str], ceiling: float) -> 
     prompt length of the runs' requests (harness.report.load.load_requests)."""
     rows = []
     for label, n, g in cells(requests, labels):
-        row = {"strategy": label, "prompt_len": n}
+        row = {"strategy": label, "prompt_len": n, "starts": int(g["start"].nunique())}
         for k in medians():
             row.update(p50_with_interval(g[k] if k in g else [None] * len(g), k))
+            row.update(across_starts(g, k))
         mean, parts = overhead_means(g.to_dict("records")) or (None, {})
         row["overhead_mean_ms"] = mean
         row.update({f"overhead_{part}_ms": parts.get(part) for part, _ in CRITICAL_PATH})
@@ -65,14 +77,36 @@ def strategy_rows(requests: pd.DataFrame, labels: list[str], ceiling: float) -> 
     return rows
 
 
+def across_starts(g: pd.DataFrame, metric: str) -> dict:
+    """A cell's metric between engine starts: each start's median (`_starts`, ";"-joined), their mean
+    (`_across`) and its 95% t-interval over the starts (`_across_lo`, `_across_hi`); None with one
+    start (no spread between starts measured)."""
+    per_start = [percentile(s[metric], 50) if metric in s else None for _, s in g.groupby("start")]
+    per_start = [v for v in per_start if v is not None]
+    if len(per_start) < 2:
+        return dict.fromkeys((f"{metric}_across", f"{metric}_across_lo", f"{metric}_across_hi", f"{metric}_starts"))
+    mean, lo, hi = mean_interval(per_start)
+    return {f"{metric}_across": mean, f"{metric}_across_lo": lo, f"{metric}_across_hi": hi,
+            f"{metric}_starts": ";".join(f"{v:.9g}" for v in per_start)}
+
+
+def run_label(run_dir: str | Path) -> tuple[str, int]:
+    """(label, engine start) of a benchmark's run directory: <label>/ with one start,
+    <label>/start<k>/ with bench.engine_starts above 1."""
+    p = Path(run_dir)
+    return (p.parent.name, int(p.name[5:])) if re.fullmatch(r"start\d+", p.name) else (p.name, 1)
+
+
 def cells(requests: pd.DataFrame, labels: list[str]) -> Iterator[tuple[str, int, pd.DataFrame]]:
-    """The benchmark's cells, as its table has them: (run label, prompt length, those requests) for
-    each label in order (a run is named by its directory: the strategy, or
-    <strategy>-<decode_submit>), each length in increasing order. scripts/compare_bench.py
-    compares two benchmarks cell by cell through it."""
+    """The benchmark's cells, as its table has them: (run label, prompt length, those requests, every
+    engine start's, `start` telling them apart) for each label in order (a run is named by its
+    directory: the strategy, or <strategy>-<decode_submit>), each length in increasing order.
+    scripts/compare_bench.py compares two benchmarks cell by cell through it."""
     if not len(requests):
         return
-    run_names = requests["run_dir"].map(lambda d: Path(d).name)
+    named = requests["run_dir"].map(run_label)
+    requests = requests.assign(start=named.map(lambda ls: ls[1]))
+    run_names = named.map(lambda ls: ls[0])
     for label in labels:
         for n, g in requests[run_names == label].groupby("prompt_len"):
             if "prefill_ttft_overhead_ms" not in g or g["prefill_ttft_overhead_ms"].isna().all():  # before version 3
@@ -86,22 +120,26 @@ def _true(v) -> bool:
 
 def strategy_table(rows: list[dict]) -> str:
     """The Markdown table of strategy_rows: each median with its interval (a throughput also as a
-    share of the ceiling, an overhead as a share of what its declaration names)."""
-    columns = [Column("strategy"), Column("prompt", "prompt_len")]
+    share of the ceiling, an overhead as a share of what its declaration names); with several
+    engine starts, the mean of the starts' medians with its interval over the starts."""
+    starts = max((r.get("starts") or 1 for r in rows), default=1) > 1
+    columns = [Column("strategy"), Column("prompt", "prompt_len"), *([Column("starts")] if starts else [])]
     for f in shown_in("bench"):
-        columns.append(Column(f.header, share_cell(f) if f.share_of else f.name, f.spec, interval=True))
-        if f.unit == "GB/s":
+        key = f"{f.name}_across" if starts else f.name
+        columns.append(Column(f.header, share_cell(f, key) if f.share_of else key, f.spec, interval=True))
+        if f.unit == "GB/s" and not starts:
             columns.append(Column("of ceiling", "ceiling_share", ".2f", True))
     columns += [Column("overhead parts, mean ms", overhead_parts), Column("match", lambda r: f"{r['match_rate']:.0%}"),
                 Column("digests", digests_cell)]
     return format_table(rows, columns, markdown=True)
 
 
-def share_cell(f: Field):
+def share_cell(f: Field, key: str):
     """A median with its interval, and as a share of another median (a TTFT overhead of the baseline's TTFT)."""
-    median = Column(f.name, spec=f.spec, interval=True)
-    return lambda r: median.cell(r) + (f" ({r[f.name] / r[f.share_of]:+.0%})" if r[f.name] is not None
-                                       and r[f.share_of] else "")
+    median = Column(key, spec=f.spec, interval=True)
+    other = key.replace(f.name, f.share_of)
+    return lambda r: median.cell(r) + (f" ({r[key] / r[other]:+.0%})" if r.get(key) is not None
+                                       and r.get(other) else "")
 
 
 def digests_cell(r: dict) -> str:

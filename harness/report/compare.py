@@ -5,10 +5,14 @@
 (This module is the guard; scripts/compare_bench.py runs its main.)
 
 Both are directories scripts/bench_strategies.py wrote (one run directory per
-strategy[-decode_submit]). Their requests are cut into the benchmark table's cells
-(harness/report/benchmark.py cells), each named by its run's strategy, its decode_submit as it applied and
-the prompt length, so that a run named `fused` and one named `fused-early` meet. For each cell in
-both and each metric, the median and its 95% bootstrap interval (harness/records/stats.py) on each side:
+strategy[-decode_submit], or per engine start below it: <label>/start<k>/). Their requests are cut
+into the benchmark table's cells (harness/report/benchmark.py cells), each named by its run's
+strategy, its decode_submit as it applied and the prompt length, so that a run named `fused` and
+one named `fused-early` meet. For each cell in both and each metric, each side's value and 95%
+interval: where both sides started their engines more than once, the mean of the starts' medians
+and its t-interval over the starts (what a rerun's start falls in: the interval a change is judged
+by); else the median of the requests and its bootstrap interval (harness/records/stats.py), which
+covers one start's prompts only (the report says which, `interval over`):
   slower  the new interval's low end lies above the reference's high end plus the slack
   faster  the new interval's high end lies below the reference's low end less the slack
   same    otherwise: the intervals overlap, or miss each other by less than the slack
@@ -28,7 +32,7 @@ import pandas as pd
 
 from harness.records.schema import RequestRow, shown_in
 from harness.records.stats import Column, format_table, p50_with_interval
-from harness.report.benchmark import cells
+from harness.report.benchmark import across_starts, cells, run_label
 from harness.report.load import RUN_FILES, load_requests, load_runs
 
 
@@ -94,8 +98,13 @@ def load_cells(bench: Path) -> dict[Cell, pd.DataFrame]:
         raise BadInput(f"{bench} is not a directory")
     if any((bench / name).exists() for name in RUN_FILES):
         raise BadInput(f"{bench} is one run directory, not a benchmark: give the directory that holds its runs")
-    # only runs right under it: a session directory holds several benchmarks, which must not mix
-    runs = sorted(p for p in bench.iterdir() if any((p / name).exists() for name in RUN_FILES))
+    # only its runs: right under it, or <label>/start<k>/ (bench.engine_starts); a session directory
+    # holds several benchmarks, which must not mix
+    def is_run(p: Path) -> bool:
+        return any((p / name).exists() for name in RUN_FILES)
+    runs = sorted(p for p in bench.iterdir() if is_run(p))
+    runs += sorted(s for p in bench.iterdir() if p.is_dir() and not is_run(p) for s in p.glob("start*")
+                   if is_run(s) and run_label(s)[1] > 0)
     requests = load_requests(*runs)
     if not len(requests):
         raise BadInput(f"{bench} holds no run directory with requests: not a benchmark of scripts/bench_strategies.py")
@@ -104,7 +113,7 @@ def load_cells(bench: Path) -> dict[Cell, pd.DataFrame]:
     submits = applied_submits(load_runs(*runs))
     out: dict[Cell, pd.DataFrame] = {}
     named: dict[tuple[str, str | None], str] = {}
-    for label, n, g in cells(requests, [p.name for p in runs]):
+    for label, n, g in cells(requests, list(dict.fromkeys(run_label(p)[0] for p in runs))):
         run = (str(g["strategy"].iloc[0]), submits.get(g["run_dir"].iloc[0]))
         if named.setdefault(run, label) != label:
             raise BadInput(f"{bench}: runs {named[run]} and {label} are both {cell_name(run + (n,))}: "
@@ -129,8 +138,18 @@ def cell_name(cell: Cell) -> str:
 
 
 def compare_cell(new: pd.DataFrame, ref: pd.DataFrame, cell: Cell, metric: str, slack: float) -> dict:
-    row = {"cell": cell_name(cell), "metric": metric,
-           **p50_with_interval(ref[metric], "ref"), **p50_with_interval(new[metric], "new")}
+    """Where both sides started their engines more than once, each side's value is the mean of its
+    starts' medians with the t-interval over the starts (what a rerun's start falls in); else the
+    median of the requests with its bootstrap interval, which covers one start's prompts only."""
+    starts = min(new["start"].nunique(), ref["start"].nunique())
+    row = {"cell": cell_name(cell), "metric": metric, "interval": "starts" if starts > 1 else "requests"}
+    for side, g in (("ref", ref), ("new", new)):
+        if starts > 1:
+            across = across_starts(g, metric)
+            row.update({side: across[f"{metric}_across"], f"{side}_lo": across[f"{metric}_across_lo"],
+                        f"{side}_hi": across[f"{metric}_across_hi"]})
+        else:
+            row.update(p50_with_interval(g[metric], side))
     row["verdict"] = verdict(row, slack)
     return row
 
@@ -147,8 +166,8 @@ def verdict(row: dict, slack: float) -> str:
 
 
 def report(rows: list[dict], only_new: list[Cell], only_ref: list[Cell]) -> str:
-    columns = [Column("cell"), Column("metric"), Column("ref median [95%]", "ref", ".3f", True),
-               Column("new median [95%]", "new", ".3f", True), Column("verdict")]
+    columns = [Column("cell"), Column("metric"), Column("interval over", "interval"),
+               Column("ref [95%]", "ref", ".3f", True), Column("new [95%]", "new", ".3f", True), Column("verdict")]
     lines = [format_table(rows, columns, align="left"), ""]
     for side, only in (("new", only_new), ("ref", only_ref)):
         if only:
