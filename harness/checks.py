@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
 from harness import scenario
+from harness.gpu_fit import gpu_memory_gib, unfit
 from harness.scenario import ScenarioError
 from harness.settings import Settings, engine_overrides, settle, submits_early, tp_degree
 from harness.workload import Workload, build_workload
@@ -362,4 +363,9 @@ def checked_inputs(cfg: DictConfig) -> tuple[Settings, Workload]:
             cfg.strategy.min_prompt_blocks * cfg.engine.block_size + 2, f"strategy {cfg.strategy.name!r}",
             f"engine.block_size + 2: vLLM's {cfg.strategy.connector} names its files after a prompt's whole "
             f"blocks but its last two tokens, and prompts with none collide")
-    return settle(cfg, device), workload
+    settings = settle(cfg, device)
+    if device == "cuda" and cfg.runner.name == "offline":
+        why = unfit(settings, gpu_memory_gib())
+        if why:
+            raise ConfigError(why)
+    return settings, workload
