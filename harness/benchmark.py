@@ -1,7 +1,7 @@
 """Every strategy over a range of prompt lengths, against the machine's copy bandwidth measured
 in the same run.
 
-    python scripts/bench_strategies.py [--experiment cpu_bench] [--two-gpus] [--out DIR]
+    python scripts/bench_strategies.py [--experiment cpu_bench] [--two-gpus] [--out DIR] [--round K]
         [-- harness overrides ...]
 
 (This module is the benchmark; scripts/bench_strategies.py runs its main.)
@@ -17,7 +17,8 @@ time), bench.engine_starts times (each its own engine start: the runs of a round
 the strategies, as an A/B does; with several, <strategy>/start<k>/), then one table per strategy
 and prompt length (medians, each with its 95% bootstrap interval where the requests differ; with
 several starts, the mean of the starts' medians with its t-interval over the starts, which is
-what a rerun's start is expected in):
+what a rerun's start is expected in; --round K runs start K only, into the same --out as the
+other rounds, for a benchmark longer than one sitting):
   transfer ms     the sender starts gathering -> the last byte is in the decode engine's memory
                   (on a GPU: on the GPU's clock, CUDA events)
   host clock ms   the same on the host's clock
@@ -33,13 +34,14 @@ what a rerun's start is expected in):
 bench.decode_submit lists when the decode request goes (early, after_prefill; default: the
 harness's default): each strategy runs once per entry, as <strategy>-<entry>.
 The ceiling: a large tensor copy (bytes copied / time) on the same device, or from GPU 0 to
-GPU 1 with --two-gpus, measured before and after the runs; the higher one is used. Writes
-table.md and rows.csv next to the runs.
+GPU 1 with --two-gpus, measured before and after the runs (each sitting's: bench.json); the
+highest is used. Writes table.md and rows.csv next to the runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import time
@@ -67,6 +69,10 @@ def argument_parser() -> argparse.ArgumentParser:
     ap.add_argument("--retable", default=None, metavar="DIR",
                     help="only write DIR's table.md, rows.csv and figure.png again from its runs' records "
                          "(after the table gained a column), with the ceiling measured when it ran")
+    ap.add_argument("--round", type=int, default=None, metavar="K",
+                    help="run only engine start K of each strategy (of bench.engine_starts), into an --out directory "
+                         "that may hold this benchmark's other rounds: a benchmark longer than one sitting (a GPU "
+                         "machine's call) run round by round; the tables cover every round there")
     ap.add_argument("overrides", nargs="*", help="harness overrides, after --")
     return ap
 
@@ -87,13 +93,17 @@ def main() -> int:
     if plan.device == "cuda" and not cuda_available():  # before the ceiling is measured on it
         print(f"error: --experiment {args.experiment} runs on CUDA, and torch sees no GPU here", file=sys.stderr)
         return 2
-    lengths = plan.lengths
+    rounds = range(1, plan.starts + 1) if args.round is None else [args.round]
+    if not all(1 <= k <= plan.starts for k in rounds):
+        print(f"error: --round {args.round}: bench.engine_starts is {plan.starts}", file=sys.stderr)
+        return 2
     out = Path(args.out or ROOT / "results" / "bench" / time.strftime("strategies_%Y-%m-%d_%H-%M-%S"))
-    if out.exists() and any(out.iterdir()):  # the harness appends to its records: never mix two benchmarks
-        sys.exit(f"error: {out} already holds results; give a new --out directory")
-    out.mkdir(parents=True, exist_ok=True)
-
-    (out / "prompts.jsonl").write_text(bench_prompts(lengths, plan.per_length))
+    ledger = Ledger(out, plan, args.two_gpus)
+    refused = ledger.refused(rounds)  # the harness appends to its records: never mix two benchmarks
+    if refused:
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
+    ledger.open()
     ceiling_of = "GPU 0 -> GPU 1 peer copy" if args.two_gpus else f"{plan.device} copy"
 
     def ceiling_now() -> float:
@@ -105,9 +115,9 @@ def main() -> int:
     print(f"copy ceiling before: {ceiling_before:.2f} GB/s", flush=True)
 
     codes = []
-    for start in range(1, plan.starts + 1):  # each start round runs every strategy once, as an A/B does
+    for start in rounds:  # each start round runs every strategy once, as an A/B does
         for label, strategy, submit in plan.runs:
-            run_dir = out / label / f"start{start}" if plan.starts > 1 else out / label
+            run_dir = ledger.run_dir(label, start)
             cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}",
                    *plan.harness_overrides(strategy, out / "prompts.jsonl", submit)]
             print(f"--- {label}, engine start {start} of {plan.starts}: {' '.join(cmd[2:])}", flush=True)
@@ -117,14 +127,60 @@ def main() -> int:
                 return 2
 
     ceiling_after = ceiling_now()
-    ceiling = max(ceiling_before, ceiling_after)
     print(f"copy ceiling after: {ceiling_after:.2f} GB/s", flush=True)
-
-    title = (f"{device_name(plan.device)}; ceiling ({ceiling_of}, same run): {ceiling:.2f} GB/s "
-             f"(before {ceiling_before:.2f}, after {ceiling_after:.2f})")
+    ceilings = ledger.add_ceilings(rounds, ceiling_before, ceiling_after)
+    ceiling = max(max(pair) for pair in ceilings.values())
+    around = "; ".join(f"{'' if len(ceilings) == 1 else f'round {k}: '}before {b:.2f}, after {a:.2f}"
+                       for k, (b, a) in sorted(ceilings.items()))
+    title = f"{device_name(plan.device)}; ceiling ({ceiling_of}, same run): {ceiling:.2f} GB/s ({around})"
     print(write_tables(out, [label for label, _, _ in plan.runs], ceiling, title))
     print(f"\nwritten: {out / 'table.md'}, {out / 'rows.csv'}, {out / 'figure.png'}")
     return 0 if all(c == 0 for c in codes) else 1
+
+
+class Ledger:
+    """A benchmark's --out directory: its prompts, its runs (<label>/ or <label>/start<k>/) and
+    bench.json (what it runs, and the copy ceiling measured around each round), which a later
+    --round checks before adding its runs."""
+
+    def __init__(self, out: Path, plan: Plan, two_gpus: bool):
+        self.out, self.plan = out, plan
+        self.what = {"experiment": plan.experiment, "overrides": plan.overrides, "two_gpus": two_gpus,
+                     "lengths": plan.lengths, "per_length": plan.per_length, "runs": plan.runs,
+                     "engine_starts": plan.starts}
+        self.path = out / "bench.json"
+
+    def run_dir(self, label: str, start: int) -> Path:
+        return self.out / label / f"start{start}" if self.plan.starts > 1 else self.out / label
+
+    def refused(self, rounds) -> str | None:
+        """Why these rounds cannot run into out, or None."""
+        if not self.out.exists() or not any(self.out.iterdir()):
+            return None
+        if not self.path.exists():
+            return f"{self.out} already holds results; give a new --out directory"
+        before = json.loads(self.path.read_text())["benchmark"]
+        if before != json.loads(json.dumps(self.what)):
+            return (f"{self.out} holds another benchmark ({before['experiment']}, "
+                    f"{' '.join(before['overrides']) or 'no overrides'}); give a new --out directory")
+        done = [f"{label}'s start {k}" for k in rounds for label, _, _ in self.plan.runs
+                if self.run_dir(label, k).exists()]
+        if done:
+            return f"{self.out} already holds {', '.join(done)}: run another --round, or into a new --out"
+        return None
+
+    def open(self) -> None:
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "prompts.jsonl").write_text(bench_prompts(self.plan.lengths, self.plan.per_length))
+        if not self.path.exists():
+            self.path.write_text(json.dumps({"benchmark": self.what, "ceilings_gbps": {}}, indent=1) + "\n")
+
+    def add_ceilings(self, rounds, before: float, after: float) -> dict[str, tuple[float, float]]:
+        """The copy ceiling (before, after) measured around each sitting, by its rounds ("1,2,3")."""
+        state = json.loads(self.path.read_text())
+        state["ceilings_gbps"][",".join(map(str, rounds))] = [before, after]
+        self.path.write_text(json.dumps(state, indent=1) + "\n")
+        return {k: tuple(v) for k, v in state["ceilings_gbps"].items()}
 
 
 def cuda_available() -> bool:

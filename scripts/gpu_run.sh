@@ -27,7 +27,8 @@
 #   bash scripts/gpu_run.sh serve1   # experiment=gpu_serve_1gpu: the same on one GPU, 1P1D against two colocated replicas,
 #                                    # the trained llama3_8b_kv (kvmodel first)
 # What bench runs is conf/experiment/gpu_bench.yaml (full_cache's 2.5 GiB cache: gpu_bench/full_cache.yaml);
-# harness overrides follow (bench.lengths=[512,2048]), or LENGTHS=512,2048 PER_LENGTH=1 STRATEGIES=fused.
+# harness overrides follow (bench.lengths=[512,2048]), or LENGTHS=512,2048 PER_LENGTH=1 STRATEGIES=fused STARTS=3;
+# ROUND=k runs engine start k of each strategy only, into the same $RUNS/$NAME (one call per round).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RUNS=${RUNS:-results/gpu}   # run directories
@@ -67,7 +68,8 @@ case "${1:-check}" in
   bench|bench2|ttft|ttft2)
     name=${NAME:-$1}; two=(); [ "${1: -1}" = 2 ] && two=(--two-gpus)
     experiment=gpu_bench; [ "${1#ttft}" != "$1" ] && experiment=gpu_ttft
-    python3 scripts/bench_strategies.py --experiment $experiment "${two[@]}" --out "$RUNS/$name" -- "${FIT[@]}" \
+    python3 scripts/bench_strategies.py --experiment $experiment "${two[@]}" --out "$RUNS/$name" ${ROUND:+--round $ROUND} \
+      -- "${FIT[@]}" \
       ${LENGTHS:+"bench.lengths=[$LENGTHS]"} ${PER_LENGTH:+"bench.per_length=$PER_LENGTH"} \
       ${STRATEGIES:+"bench.strategies=[$STRATEGIES]"} ${STARTS:+"bench.engine_starts=$STARTS"} "${@:2}" 2>&1 \
       | grep -v "^\[" | tail -40

@@ -127,3 +127,27 @@ def test_a_gpu_recipe_that_measured_nothing_exits_non_zero(tmp_path):
     assert "torch sees no GPU" in p.stdout and "FAILED: exit code 2" in p.stderr
     p = subprocess.run(["bash", script, "bnech"], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "no recipe 'bnech'" in p.stderr
+
+
+def test_a_benchmark_runs_round_by_round_into_one_directory(tmp_path):
+    """--round K: a benchmark longer than one GPU call, each call one engine start of every strategy."""
+    plan = bench.Plan("cpu_bench", [], [32], 1, ["fused", "layerwise"], "cpu", starts=3)
+    ledger = bench.Ledger(tmp_path / "b", plan, False)
+    assert ledger.refused([1]) is None
+    ledger.open()
+    ledger.run_dir("fused", 1).mkdir(parents=True)
+    assert ledger.add_ceilings([1], 10.0, 12.0) == {"1": (10.0, 12.0)}
+    assert "already holds fused's start 1" in ledger.refused([1])
+    assert ledger.refused([2]) is None
+    assert ledger.add_ceilings([2], 11.0, 9.0) == {"1": (10.0, 12.0), "2": (11.0, 9.0)}
+    other = bench.Plan("cpu_bench", ["engine.block_size=64"], [32], 1, ["fused", "layerwise"], "cpu", starts=3)
+    assert "holds another benchmark" in bench.Ledger(tmp_path / "b", other, False).refused([2])
+    (tmp_path / "c" / "x").mkdir(parents=True)  # not a benchmark's directory
+    assert "already holds results" in bench.Ledger(tmp_path / "c", plan, False).refused([1])
+
+
+def test_a_round_the_benchmark_does_not_have_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["bench_strategies.py", "--round", "2", "--out", str(tmp_path / "b")])
+    assert bench.main() == 2  # cpu_bench starts the engines once
+    assert "--round 2: bench.engine_starts is 1" in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()
