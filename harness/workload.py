@@ -302,14 +302,35 @@ def jsonl(name: str, path: str, tokenizer, field: str = "prompt", concurrency: i
     return Workload(name, prompts, concurrency)
 
 
-def warmup_workload(workload: Workload, n: int) -> Workload:
-    """n prompts for warming up the P/D path: as long as the workload's longest, so every copy
-    path it takes is taken once, but other tokens (its tokens reversed, then rotated), so that
-    no measured prompt finds them in a prefix cache. Negative indices keep their transfer ids
-    apart from the measured ones."""
+def warmup_lengths(workload: Workload) -> list[int]:
+    """The prompt lengths a warm-up takes: the longest of each power-of-two range the workload's
+    lengths fall in, longest first. Kernels are picked and compiled by shape (Triton's codecs
+    specialize on the block count, cuBLAS and attention pick by token count): one length only
+    (the longest, before 2026-12-06) left the first measured request of each other length to pay
+    that (309-333 ms in fused_int8's decode side on an H100)."""
+    by_range: dict[int, int] = {}
+    for p in workload.prompts:
+        n = workload.prompt_len(p)
+        by_range[(n - 1).bit_length()] = max(n, by_range.get((n - 1).bit_length(), 0))
+    return sorted(by_range.values(), reverse=True)
+
+
+def warmup_workload(workload: Workload, n: int, batch: int | None = None) -> Workload:
+    """The warm-up's prompts: n rounds, each a prompt of every warmup_lengths length and at least a
+    full batch (batch, else the workload's concurrency: a cold engine's first batch of 4 cost
+    about 360 ms on an H100), sent as many at once as the workload sends. Their tokens are the
+    longest prompt's reversed, then rotated, so that no measured prompt finds them in a prefix
+    cache. Negative indices keep their transfer ids apart from the measured ones (is_warmup)."""
     tokens = max(workload.prompts, key=lambda p: len(p.token_ids)).token_ids[::-1]
     # a conversation's later turns are built as the baseline answers them, after runner=serve's
     # warm-up: their known length, in the tokens there are
-    length = max(map(workload.prompt_len, workload.prompts))
-    tokens = (tokens * -(-length // len(tokens)))[:length]
-    return Workload("warm-up", [Prompt(-1 - i, tokens[i:] + tokens[:i]) for i in range(n)], concurrency=1)
+    lengths = warmup_lengths(workload)
+    tokens = (tokens * -(-lengths[0] // len(tokens)))[:lengths[0]]
+    count = n * max(len(lengths), batch or workload.concurrency)
+    return Workload("warm-up", [Prompt(-1 - i, (tokens[i:] + tokens[:i])[:lengths[i % len(lengths)]])
+                                for i in range(count)], concurrency=workload.concurrency)
+
+
+def is_warmup(transfer_id: str) -> bool:
+    """Whether a transfer record's id (<run tag>-<prompt index>) is a warm-up prompt's (index < 0)."""
+    return transfer_id.rpartition("-")[0].endswith("-")

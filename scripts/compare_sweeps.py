@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from harness.records.files import read_jsonl
+from harness.workload import is_warmup
 
 
 def jobs(sweep: Path) -> dict[str, Path]:
@@ -34,7 +35,7 @@ def results(run: Path) -> tuple[str, list, list]:
     summary = json.loads((run / "summary.json").read_text())
     rows = sorted(read_jsonl(run / "requests.jsonl"), key=lambda r: r["prompt_idx"])
     sent = {int(r["transfer_id"].split("-", 1)[1]): r.get("digests")
-            for r in read_jsonl(run / "prefill-transfers.jsonl") if not r["transfer_id"].endswith("--1")}
+            for r in read_jsonl(run / "prefill-transfers.jsonl") if not is_warmup(r["transfer_id"])}
     return summary["status"], [r["token_ids"] for r in rows], [sent.get(r["prompt_idx"]) for r in rows]
 
 

@@ -11,6 +11,7 @@ import pytest
 from harness.offline.deployment import OfflineDeployment
 from harness.offline.engine_pool import POOL, EnginePool
 from harness.settings import settle
+from harness.workload import is_warmup
 from tests.conftest import compose_config, run_harness
 
 
@@ -76,7 +77,7 @@ def test_the_pool_keeps_the_sets_used_most_recently_up_to_its_capacity():
 
 def measured(records: list[dict]) -> dict[int, dict]:
     """A run's transfer records by prompt index (transfer id <run tag>-<index>; the warm-up's -1 left out)."""
-    return {int(r["transfer_id"].split("-", 1)[1]): r for r in records if not r["transfer_id"].endswith("--1")}
+    return {int(r["transfer_id"].split("-", 1)[1]): r for r in records if not is_warmup(r["transfer_id"])}
 
 
 def outputs_and_digests(run) -> tuple[list, list]:

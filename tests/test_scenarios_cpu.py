@@ -11,6 +11,7 @@ import pytest
 
 from harness.offline.engine_pool import POOL
 from harness.resolvers import built_in_strategies
+from harness.workload import is_warmup
 from tests.conftest import FULL, ROOT, cells, run_harness
 from tests.helpers.runs import FAULTS, check_faults_caught
 
@@ -46,7 +47,7 @@ def preempted_requests_end_correctly(run) -> None:
 
 
 def reused_blocks_are_sent_intact(run) -> None:
-    sends = [r for r in run.jsonl("prefill-transfers.jsonl") if not r["transfer_id"].endswith("--1")]
+    sends = [r for r in run.jsonl("prefill-transfers.jsonl") if not is_warmup(r["transfer_id"])]
     assert len(sends) == 4
     seen: set[int] = set()
     reused = 0
@@ -127,7 +128,7 @@ def test_a_damaged_transfer_is_caught_over_each_transport(results_dir, transport
 
 @pytest.mark.parametrize("prefill_tp", cells([1, 2], {1}))
 def test_a_prefill_worker_dying_mid_transfer_stops_the_run(results_dir, prefill_tp):
-    """prefill_tp 2: the engine's workers are processes of their own (both die, each on its third
+    """prefill_tp 2: the engine's workers are processes of their own (both die, each on its second measured
     transfer) and the decode worker joins their heads: the harness may see either engine die
     first (the decode worker's channels close under it), and must stop both."""
     run = run_harness(results_dir / f"scenario-sender_dies-tp{prefill_tp}", "strategy=custom",

@@ -129,7 +129,8 @@ def _run(cfg: DictConfig, run_dir: Path, link: VethLink | None = None) -> int:
 
 
 def warm_up(cfg: DictConfig, measure_pass, workload: Workload, phase: str, timing: str, timings: dict) -> None:
-    """run.warmup_requests unrecorded requests through a pass's engines first."""
+    """run.warmup_requests rounds of unrecorded requests through a pass's engines first, each a
+    prompt of every length range the workload takes and at least a full batch (warmup_workload)."""
     if cfg.run.warmup_requests:
         t0 = time.monotonic()
         measure_pass(warmup_workload(workload, cfg.run.warmup_requests), lambda p, t0, results: None, phase=phase)

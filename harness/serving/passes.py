@@ -70,17 +70,18 @@ class ServePasses:
         self.base_probes: dict[int, ClientResult] = {}
 
     def warm_up(self) -> None:
-        """run.warmup_requests unmeasured requests through each path first: every instance's first
-        use (the connector's included), as many at once as the largest side has instances (round
-        robin and least outstanding both spread requests sent together), with none of the measured
-        prompts' tokens, which a prefix cache would keep (warmup_workload)."""
+        """run.warmup_requests rounds of unmeasured requests through each path first: every
+        instance's first use (the connector's included) and every length range of the workload, at
+        least as many at once as the largest side has instances (round robin and least outstanding
+        both spread requests sent together), with none of the measured prompts' tokens, which a
+        prefix cache would keep (warmup_workload)."""
         cfg, d = self.cfg, self.client.deployment
         if not cfg.run.warmup_requests:
             return
         t0 = time.monotonic()
         sides = tuple(instance_counts(cfg).values())
         warm = [ScheduledRequest(i, p.index, p.token_ids, 0.0) for i, p in enumerate(
-            warmup_workload(self.client.workload, cfg.run.warmup_requests * max(sides)).prompts)]
+            warmup_workload(self.client.workload, cfg.run.warmup_requests, batch=max(sides)).prompts)]
         for path in ("baseline", "disagg"):
             # first use (the connector's buffers, compilation) may take far longer than a request may
             for r in self.client.load(f"warmup-{path}", d.urls[path], warm, timeout_s=cfg.run.startup_timeout_s):

@@ -6,6 +6,7 @@ refused as bad input."""
 import json
 import random
 
+from harness.workload import is_warmup
 from tests.conftest import run_harness, write_token_prompts
 from transfer_strategies.records import rank_path
 
@@ -75,7 +76,7 @@ def worker_records(run, side: str, tp: int) -> list[list[dict]]:
     """Each worker's transfer records (warm-up excluded), by rank."""
     name = "prefill-transfers.jsonl" if side == "send" else "decode-transfers.jsonl"
     return [[r for r in map(json.loads, rank_path(run.run_dir / name, rank).read_text().splitlines())
-             if not r["transfer_id"].endswith("--1")] for rank in range(tp)]
+             if not is_warmup(r["transfer_id"])] for rank in range(tp)]
 
 
 def no_engine_started(run):
