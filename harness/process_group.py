@@ -29,14 +29,19 @@ import psutil
 SHM = "/dev/shm/"
 
 
-def _mapped_by(pid: str) -> set[str]:
-    found = set()
+def _mappings(pid: str) -> list[tuple[int, str]]:
+    """(inode, path) of each /dev/shm file the process maps."""
+    found = []
     with contextlib.suppress(OSError), open(f"/proc/{pid}/maps") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)  # address, perms, offset, device, inode, path
             if len(fields) == 6 and fields[5].startswith(SHM):
-                found.add(fields[5].strip().removesuffix(" (deleted)"))
+                found.append((int(fields[4]), fields[5].strip().removesuffix(" (deleted)")))
     return found
+
+
+def _mapped_by(pid: str) -> set[str]:
+    return {path for _, path in _mappings(pid)}
 
 
 def members(pgid: int) -> list[int]:
@@ -61,10 +66,19 @@ def semaphores() -> set[str]:
 
 def unmapped(paths: set[str]) -> set[str]:
     """Those of `paths` (/dev/shm files) that no live process maps: what stopped processes left
-    behind, not what a process still running (another run beside this one) uses."""
+    behind, not what a process still running (another run beside this one) uses. Judged by inode:
+    glibc's sem_open maps a semaphore under a temporary name it then renames, so a live process's
+    sem.mp-* shows in its maps as /dev/shm/sem.XXXXXX (deleted); by name, another test session's
+    queues looked unmapped and were removed under it (its spawned children then failed to open them)."""
     if not paths:
         return set()
-    return paths - set().union(*(_mapped_by(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()))
+    in_use = {inode for p in Path("/proc").iterdir() if p.name.isdigit() for inode, _ in _mappings(p.name)}
+    left = set()
+    for path in paths:
+        with contextlib.suppress(OSError):  # gone already
+            if os.stat(path).st_ino not in in_use:
+                left.add(path)
+    return left
 
 
 def remove_unmapped(paths: set[str]) -> None:
