@@ -84,9 +84,15 @@ def main() -> int:
         return 0
     if args.retable:
         out = Path(args.retable)
-        before = pd.read_csv(out / "rows.csv")
-        labels = [s for s in dict.fromkeys(before["strategy"]) if (out / s).is_dir()]
-        ceiling = float((before["gbps"] / before["ceiling_share"]).dropna().median())
+        if (out / "bench.json").exists():  # what it ran and the ceilings measured around each sitting
+            state = json.loads((out / "bench.json").read_text())
+            labels = [label for label, _, _ in state["benchmark"]["runs"]]
+            ceiling = max(max(pair) for pair in state["ceilings_gbps"].values())
+        else:  # written before bench.json was: the ceiling from the table's shares
+            before = pd.read_csv(out / "rows.csv")
+            labels = list(dict.fromkeys(before["strategy"]))
+            ceiling = float((before["gbps"] / before["ceiling_share"]).dropna().median())
+        labels = [s for s in labels if (out / s).is_dir()]
         print(write_tables(out, labels, ceiling, (out / "table.md").read_text().splitlines()[0]))
         return 0
     plan = Plan.compose(args.experiment, args.overrides, args.two_gpus)  # bad input stops here, before any run

@@ -167,7 +167,9 @@ def test_retable_writes_a_benchmarks_tables_again_from_its_runs(tmp_path):
     subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_strategies.py"), "--retable", str(out)],
                    check=True, capture_output=True)
     table = (out / "table.md").read_text()
-    assert "after forward ms" in table and table.count("| fused |") == 2 and "| off |" in table
+    main = table.split("\n\n")[1]  # the strategy table (then the note and the first requests against the rest)
+    assert "after forward ms" in main and main.count("| fused |") == 2 and "| off |" in main
+    assert "first: TTFT overhead ms" in table and table.count("| fused |") == 4
     assert (out / "figure.png").exists()
     committed = pd.read_csv(ROOT / "results" / "gpu" / "2026-11-30-s6" / "ttft-nodigests" / "rows.csv")
     # the same figures; the columns in the declarations' order (harness/records/fields.py)

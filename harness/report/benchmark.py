@@ -5,6 +5,7 @@ transfer against the ceiling measured in the same benchmark, the TTFT overhead a
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,9 +21,14 @@ from harness.report.load import load_requests
 
 def write_tables(out: Path, labels: list[str], ceiling: float, title: str) -> str:
     """table.md, rows.csv and figure.png in out from the records of its runs (one per label)."""
-    rows = strategy_rows(load_requests(*(out / s for s in labels if (out / s).is_dir())), labels, ceiling)
+    requests = load_requests(*(out / s for s in labels if (out / s).is_dir()))
+    rows = strategy_rows(requests, labels, ceiling)
     starts = max((r["starts"] for r in rows), default=1)
-    table = f"{title}\n\n{strategy_table(rows)}\n\n{STARTS_NOTE.format(starts=starts) if starts > 1 else INTERVAL_NOTE}"
+    sections = [title, strategy_table(rows), STARTS_NOTE.format(starts=starts) if starts > 1 else INTERVAL_NOTE,
+                FIRST_NOTE, first_request_table(requests, labels)]
+    if starts > 1:
+        sections += [STARTS_TABLE_NOTE, start_table(requests, labels)]
+    table = "\n\n".join(sections)
     (out / "table.md").write_text(table + "\n")
     pd.DataFrame(rows, columns=csv_columns()).to_csv(out / "rows.csv", index=False)
     plot(out, title=title)
@@ -40,7 +46,8 @@ def csv_columns() -> list[str]:
     digests, the means of the TTFT overhead's parts (they add up to the mean overhead), each
     median's interval over the requests, then across engine starts: each start's median, their
     mean and its t-interval (empty with one start)."""
-    across = [f"{k}_{end}" for k in medians() for end in ("across", "across_lo", "across_hi", "starts")]
+    across = [f"{k}_{end}" for k in medians() for end in ("across", "across_lo", "across_hi", "starts")] + [
+        f"ceiling_share_{end}" for end in ("across", "across_lo", "across_hi")]
     return (["strategy", "prompt_len", "starts", *medians(), "ceiling_share", "match_rate", "digest_ok",
              "overhead_mean_ms", *OVERHEAD_PARTS]
             + [f"{k}_{end}" for k in [*medians(), "ceiling_share"] for end in ("lo", "hi")] + across)
@@ -67,8 +74,8 @@ def strategy_rows(requests: pd.DataFrame, labels: list[str], ceiling: float) -> 
         mean, parts = overhead_means(g.to_dict("records")) or (None, {})
         row["overhead_mean_ms"] = mean
         row.update({f"overhead_{part}_ms": parts.get(part) for part, _ in CRITICAL_PATH})
-        for end in ("", "_lo", "_hi"):
-            gbps = row[f"gbps{end}"]
+        for end in ("", "_lo", "_hi", "_across", "_across_lo", "_across_hi"):
+            gbps = row.get(f"gbps{end}")
             row[f"ceiling_share{end}"] = gbps / ceiling if gbps else None
         row["match_rate"] = float(g["match"].map(_true).mean())
         checked = g["digest_match"].dropna()  # no value: digests off (check.digests=false)
@@ -114,6 +121,59 @@ def cells(requests: pd.DataFrame, labels: list[str]) -> Iterator[tuple[str, int,
             yield label, int(n), g
 
 
+FIRST_NOTE = ("The first measured request of each length against the rest (is the warm-up enough? "
+              "run.warmup_requests): its TTFT overhead and the baseline's TTFT in each engine start, beside the "
+              "median and range of the other requests of all starts.")
+
+
+def first_request_table(requests: pd.DataFrame, labels: list[str]) -> str:
+    """Per cell, the first measured request's TTFT overhead and baseline TTFT in each engine start
+    (the benchmark sends one request at a time: the first is a batch of its own) against the rest."""
+    rows = []
+    for label, n, g in cells(requests, labels):
+        first = g.loc[g.groupby("start")["prompt_idx"].idxmin()]
+        rest = g.drop(first.index)
+        row = {"strategy": label, "prompt_len": n}
+        for k, name in (("ttft_overhead_ms", "overhead"), ("base_ttft_ms", "base")):
+            values = pd.to_numeric(rest[k], errors="coerce").dropna()
+            row[f"{name}_first"] = ", ".join(f"{v:.1f}" for v in first.sort_values("start")[k])
+            row[f"{name}_rest"] = (f"{values.median():.1f} [{values.min():.1f}, {values.max():.1f}]"
+                                   if len(values) else "")
+        rows.append(row)
+    columns = [Column("strategy"), Column("prompt", "prompt_len"),
+               Column("first: TTFT overhead ms", "overhead_first"), Column("rest: median [min, max]", "overhead_rest"),
+               Column("first: base TTFT ms", "base_first"), Column("rest: median [min, max]", "base_rest")]
+    return format_table(rows, columns, markdown=True)
+
+
+STARTS_TABLE_NOTE = ("Each engine start apart (where the spread between starts comes from): the TTFT overhead's "
+                     "median and its mean cut into parts, the GPU's SM clock (MHz) and temperature (C) as the run "
+                     "began (meta.json), and the CUDA graphs the decode engine captured (its log).")
+GRAPHS = re.compile(r"Capturing CUDA graphs \((\w+)\):\s+100%\|[^|]*\|\s*(\d+)/\d+")
+
+
+def start_table(requests: pd.DataFrame, labels: list[str]) -> str:
+    """Per cell and engine start: the TTFT overhead's median and the means of its parts, the GPU's
+    clock and temperature at the run's start, the decode engine's CUDA graph captures."""
+    rows = []
+    for label, n, g in cells(requests, labels):
+        for start, s in g.groupby("start"):
+            run = Path(s["run_dir"].iloc[0])
+            gpu = (json.loads((run / "meta.json").read_text()).get("versions", {}).get("gpu") or [{}])[0]
+            log = run / "decode.log"
+            graphs = dict(GRAPHS.findall(log.read_text(errors="replace"))) if log.exists() else {}
+            mean, parts = overhead_means(s.to_dict("records")) or (None, {})
+            rows.append({"strategy": label, "prompt_len": n, "start": start,
+                         "overhead": percentile(s["ttft_overhead_ms"], 50),
+                         "parts": format_overhead(mean, parts) if mean is not None else "-",
+                         "clock": gpu.get("clocks_sm", ""), "temp": gpu.get("temperature_gpu", ""),
+                         "graphs": ", ".join(f"{k} {v}" for k, v in graphs.items())})
+    columns = [Column("strategy"), Column("prompt", "prompt_len"), Column("start"),
+               Column("TTFT overhead ms", "overhead", ".1f"), Column("overhead parts, mean ms", "parts"),
+               Column("SM MHz", "clock"), Column("C", "temp"), Column("decode CUDA graphs", "graphs")]
+    return format_table(rows, columns, markdown=True)
+
+
 def _true(v) -> bool:
     return v is not None and v == v and bool(v)  # NaN (no value in a pandas column) != NaN
 
@@ -127,8 +187,8 @@ def strategy_table(rows: list[dict]) -> str:
     for f in shown_in("bench"):
         key = f"{f.name}_across" if starts else f.name
         columns.append(Column(f.header, share_cell(f, key) if f.share_of else key, f.spec, interval=True))
-        if f.unit == "GB/s" and not starts:
-            columns.append(Column("of ceiling", "ceiling_share", ".2f", True))
+        if f.unit == "GB/s":
+            columns.append(Column("of ceiling", "ceiling_share_across" if starts else "ceiling_share", ".2f", True))
     columns += [Column("overhead parts, mean ms", overhead_parts), Column("match", lambda r: f"{r['match_rate']:.0%}"),
                 Column("digests", digests_cell)]
     return format_table(rows, columns, markdown=True)
