@@ -6,8 +6,9 @@
 #   bash scripts/gpu_run.sh bench2   # the same with prefill on GPU 0 and decode on GPU 1
 #   bash scripts/gpu_run.sh ttft     # experiment=gpu_ttft: TTFT and its parts, early vs after_prefill, 2k/8k/16k
 #   bash scripts/gpu_run.sh ttft2    # the same across two GPUs
-#   bash scripts/gpu_run.sh compare  # scripts/compare_bench.py: the benchmark $RUNS/$NAME (default ttft) against
-#                                    # ${REF:-results/gpu/2026-12-02-s14/ttft-early}; exit 1 when a cell is slower (its args follow)
+#   bash scripts/gpu_run.sh compare  # scripts/compare_bench.py: the benchmark $RUNS/$NAME (default ttft) against $REF,
+#                                    # by default the committed reference of the GPU it ran on (harness/report/compare.py
+#                                    # REFERENCES); exit 1 when a cell is slower (its args follow)
 #   bash scripts/gpu_run.sh kvmodel  # train and check models/llama3-8b-kv (Llama-3-8B KV geometry, trained weights)
 #   bash scripts/gpu_run.sh lossy    # experiment=gpu_lossy: fused and the lossy strategies on llama3_8b_kv (kvmodel first),
 #                                    # 2k/8k/16k (LENGTHS=2048,8192 STRATEGIES=fused,fused_int8; SWEEP names the sweep's
@@ -81,7 +82,7 @@ case "${1:-check}" in
     ok "$code" "$RUNS/$name/rows.csv" || exit 1 ;;
   compare)  # after a change on the transfer path: the new ttft benchmark against the committed reference
     name=${NAME:-ttft}
-    python3 scripts/compare_bench.py "$RUNS/$name" "${REF:-results/gpu/2026-12-02-s14/ttft-early}" "${@:2}" 2>&1 \
+    python3 scripts/compare_bench.py "$RUNS/$name" ${REF:+"$REF"} "${@:2}" 2>&1 \
       | tee "$OUT/${name//\//-}-compare.txt"
     exit "${PIPESTATUS[0]}" ;;
   serve|serve1)

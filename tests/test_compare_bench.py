@@ -15,6 +15,7 @@ import pytest
 import harness.report.compare as guard
 from harness.records.schema import SCHEMA_VERSION, RequestRow
 from harness.records.stats import p50_with_interval
+from harness.report.compare import REFERENCES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -183,13 +184,25 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, case):
     assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
 
 
-def test_the_committed_reference_against_itself_passes():
-    assert f"REF:-{REFERENCE.relative_to(ROOT)}" in (ROOT / "scripts" / "gpu_run.sh").read_text()  # the one it uses
-    p = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_bench.py"), str(REFERENCE), str(REFERENCE)],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    assert "slower 0, faster 0, same 42, n/a 0" in p.stdout  # 3 strategies x 2 lengths x 7 metrics
-    assert "no cell slower" in p.stdout
+def test_each_committed_reference_against_itself_passes():
+    assert REFERENCES["NVIDIA H200"] == str(REFERENCE.relative_to(ROOT))  # the docs' and gpu_run.sh's
+    for reference, cells in ((REFERENCE, 42), (ROOT / REFERENCES["NVIDIA H100 80GB HBM3"], 70)):
+        # without REF_DIR: the reference of the GPU the benchmark ran on, here itself
+        p = subprocess.run([sys.executable, str(ROOT / "scripts" / "compare_bench.py"), str(reference)],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert f"ref: {reference}" in p.stdout
+        assert f"slower 0, faster 0, same {cells}, n/a 0" in p.stdout  # strategies x 2 lengths x 7 metrics
+        assert "no cell slower" in p.stdout
+
+
+def test_benchmarks_of_two_gpus_are_not_compared(capsys):
+    h100 = ROOT / REFERENCES["NVIDIA H100 80GB HBM3"]
+    code, out, err = run_guard(capsys, h100, REFERENCE)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "ran on NVIDIA H100 80GB HBM3" in err and "--any-gpu" in err
+    code, out, _ = run_guard(capsys, h100, REFERENCE, "--any-gpu")
+    assert code in (0, 1) and "slower" in out
 
 
 def test_with_several_engine_starts_a_change_is_judged_by_the_interval_over_the_starts(tmp_path, capsys):

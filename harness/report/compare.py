@@ -1,6 +1,6 @@
 """The regression guard of the GPU TTFT benchmark: a new benchmark directory against a reference.
 
-    python scripts/compare_bench.py NEW_DIR REF_DIR [--metrics M ...] [--slack-ms X]
+    python scripts/compare_bench.py NEW_DIR [REF_DIR] [--metrics M ...] [--slack-ms X] [--any-gpu]
 
 (This module is the guard; scripts/compare_bench.py runs its main.)
 
@@ -18,6 +18,9 @@ covers one start's prompts only (the report says which, `interval over`):
   same    otherwise: the intervals overlap, or miss each other by less than the slack
   n/a     a side has no value of that metric in that cell
 Cells on one side only are listed, not failed (a new run of fewer lengths than the reference).
+Without REF_DIR, the committed reference of the GPU NEW_DIR ran on (REFERENCES); two benchmarks of
+different GPUs are refused (the same commit measures slower on one kind than another) unless
+--any-gpu.
 Exit status: 1 when any cell is slower in any metric, 0 otherwise, 2 on bad input (a directory
 that is not a benchmark, no cell in common, a metric that is not a time).
 """
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness import PROJECT_ROOT
 from harness.records.schema import RequestRow, shown_in
 from harness.records.stats import Column, format_table, p50_with_interval
 from harness.report.benchmark import across_starts, cells, run_label
@@ -45,6 +49,11 @@ def metrics() -> list[str]:
 # old-0 and old-2, transfer_ms at 8k) and 0.34 ms (2026-11-30-s6/ttft-nodigests against ttft-early,
 # overhead_decode_ms at 8k); 1 ms keeps such noise from failing the guard
 SLACK_MS = 1.0
+# The gate's reference for each GPU (meta.json's device_name), relative to the project root: runs on
+# another kind of machine measure otherwise (docs/gpu.md, machine kinds). The H200's is one engine
+# start of each strategy; the H100's three (bench.engine_starts), judged over the starts.
+REFERENCES = {"NVIDIA H200": "results/gpu/2026-12-02-s14/ttft-early",
+              "NVIDIA H100 80GB HBM3": "results/gpu/2026-12-06-s32/ttft"}
 # A cell: (strategy, decode_submit, prompt_len)
 Cell = tuple[str, str | None, int]
 
@@ -56,7 +65,9 @@ class BadInput(Exception):
 def argument_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("new", type=Path, metavar="NEW_DIR", help="the benchmark under test")
-    ap.add_argument("ref", type=Path, metavar="REF_DIR", help="the reference benchmark")
+    ap.add_argument("ref", type=Path, metavar="REF_DIR", nargs="?", default=None,
+                    help="the reference benchmark (default: the committed one of NEW_DIR's GPU, REFERENCES)")
+    ap.add_argument("--any-gpu", action="store_true", help="compare benchmarks of different GPUs all the same")
     ap.add_argument("--metrics", nargs="+", default=metrics(),
                     help=f"requests.jsonl times to compare (spaces or commas; default: {' '.join(metrics())})")
     ap.add_argument("--slack-ms", type=float, default=SLACK_MS,
@@ -69,7 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     args = argument_parser().parse_args(argv)
     try:
         metrics = checked_metrics(args.metrics)
-        new, ref = load_cells(args.new), load_cells(args.ref)
+        new = load_cells(args.new)
+        args.ref = args.ref or reference_for(gpus(new), args.new)
+        ref = load_cells(args.ref)
+        if gpus(new) != gpus(ref) and not args.any_gpu:
+            raise BadInput(f"{args.new} ran on {', '.join(gpus(new))} and {args.ref} on {', '.join(gpus(ref))}: "
+                           f"compare benchmarks of one GPU (--any-gpu to compare them anyway)")
         common = [c for c in ref if c in new]
         if not common:
             raise BadInput(f"{args.new} and {args.ref} have no cell (strategy, decode_submit, prompt length) in common")
@@ -80,6 +96,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"new: {args.new}\nref: {args.ref}\nslack: {args.slack_ms:g} ms\n")
     print(report(rows, only_new=[c for c in new if c not in ref], only_ref=[c for c in ref if c not in new]))
     return 1 if any(r["verdict"] == "slower" for r in rows) else 0
+
+
+def gpus(cells: dict[Cell, pd.DataFrame]) -> list[str]:
+    """The devices a benchmark's runs ran on (meta.json's device_name)."""
+    return sorted({str(n) for g in cells.values() for n in g["device_name"].dropna()})
+
+
+def reference_for(devices: list[str], bench: Path) -> Path:
+    if len(devices) == 1 and devices[0] in REFERENCES:
+        return PROJECT_ROOT / REFERENCES[devices[0]]
+    raise BadInput(f"{bench} ran on {', '.join(devices) or 'an unknown device'}: no committed reference for it "
+                   f"({', '.join(REFERENCES)} have one); give REF_DIR")
 
 
 def checked_metrics(given: list[str]) -> list[str]:
