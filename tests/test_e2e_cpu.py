@@ -132,9 +132,10 @@ def test_a_warm_up_request_went_through_the_connector_first_and_is_not_measured(
     sends = strategy_run.jsonl("prefill-transfers.jsonl")
     warmups = [r for r in sends if is_warmup(r["transfer_id"])]  # negative prompt indices
     # run.warmup_requests=1: a prompt as long as the longest of each power-of-two range the edge
-    # prompts' lengths fall in (block 32: 150, 73, 64, 32, 5, 1), at least three (workload.concurrency)
+    # prompts' lengths fall in (block 32: 150, 73, 64, 32, 5, 1), and at least a batch (workload.concurrency)
     ranges = {(r["prompt_len"] - 1).bit_length() for r in strategy_run.jsonl("requests.jsonl")}
-    assert len(warmups) == max(len(ranges), 3) and len(sends) == len(edge_prompts()) + len(warmups)
+    batch = json.loads((strategy_run.run_dir / "meta.json").read_text())["config"]["workload"]["concurrency"]
+    assert len(warmups) == max(len(ranges), batch) and len(sends) == len(edge_prompts()) + len(warmups)
     assert max(r["blocks"] for r in warmups) == max(r["blocks"] for r in sends)
     assert min(r["blocks"] for r in warmups) == min(r["blocks"] for r in sends)
     assert len(strategy_run.jsonl("requests.jsonl")) == len(edge_prompts())
