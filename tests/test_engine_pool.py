@@ -3,7 +3,6 @@ which configurations share engines, and with real engines that a run on kept eng
 a run on fresh ones gives, writes its records in its own directory, and that nothing is left
 once the pool closes."""
 
-import os
 
 import psutil
 import pytest
@@ -13,6 +12,7 @@ from harness.offline.engine_pool import POOL, EnginePool
 from harness.settings import settle
 from harness.workload import is_warmup
 from tests.conftest import compose_config, run_harness
+from tests.helpers.runs import left_in_shm, shm_now
 
 
 def keys(tmp_path, name: str, *overrides: str) -> dict[str, str]:
@@ -93,7 +93,7 @@ def dead(pid: int) -> bool:
 @pytest.mark.engine
 def test_a_run_on_kept_engines_gives_what_a_fresh_one_gives_and_nothing_is_left_once_the_pool_closes(results_dir):
     POOL.close()  # from nothing: what earlier tests kept is not this test's
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_now()
     overrides = ("strategy=fused", "workload=synthetic", "workload.prompt_len=70", "workload.num_prompts=6",
                  "sampling.max_tokens=8")
     first = run_harness(results_dir / "pool-first", *overrides)
@@ -123,4 +123,4 @@ def test_a_run_on_kept_engines_gives_what_a_fresh_one_gives_and_nothing_is_left_
 
     POOL.close()
     assert all(dead(pid) for pid in first.summary["engine_pids"].values())
-    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    assert left_in_shm(shm_before) == set()

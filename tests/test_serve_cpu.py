@@ -32,6 +32,7 @@ from harness.serving.load import TIMED_OUT, LoadError, LoadSpec, arrival_schedul
 from harness.serving.router import PREFIX_TOKENS, Pool, Router
 from harness.settings import settle
 from tests.conftest import FULL, SLOW, compose_config, refused_in_process, run_harness
+from tests.helpers.runs import left_in_shm, shm_now
 from tests.helpers.serving import config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -288,7 +289,7 @@ def test_the_serving_runner_checks_every_request_under_load(results_dir):
     """The README's example: instances, routers, the same schedule on both paths, every output
     and digest checked, cancelled requests leave no KV held, records the loader reads; logged to
     wandb (offline) as an offline run is: its summary, every path's rows."""
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_now()
     run = run_harness(results_dir / "serve-run", *README_SERVE, "tracking=wandb", "tracking.project=test",
                       env={"WANDB_SILENT": "true"})
     assert run.code == 0, run.stderr[-3000:]
@@ -318,7 +319,7 @@ def test_the_serving_runner_checks_every_request_under_load(results_dir):
     assert runs.loc[0, "runner.name"] == "serve" and runs.loc[0, "ttft_ms_p50"] == s["ttft_ms_p50"]
     servers = json.loads((run.run_dir / "servers.json").read_text())
     assert set(servers) == {"baseline", "prefill", "decode", "baseline_router", "router"}
-    assert set(os.listdir("/dev/shm")) - shm_before == set()  # no segment left behind
+    assert left_in_shm(shm_before) == set()  # no segment left behind
     assert not any(group_alive(v["pid"]) for v in servers.values())
     (logged,) = (run.run_dir / "wandb").glob("offline-run-*/files/media/table/requests_*.table.json")
     table = json.loads(logged.read_text())
@@ -407,7 +408,7 @@ def test_layerwise_pushes_each_request_to_the_decode_instance_the_router_chose(r
     one_prefill = ("runner=serve", "strategy=layerwise", "serve.decode_instances=2", "serve.request_rate=8",
                    "serve.num_requests=12")
     overrides = README_SERVE_2P2D if shape == "2P2D" else one_prefill
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_now()
     run = run_harness(results_dir / f"serve-layerwise-{shape}", *overrides, "serve.baseline_repeat=false")
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
@@ -422,7 +423,7 @@ def test_layerwise_pushes_each_request_to_the_decode_instance_the_router_chose(r
     assert all(r["error"] is None and r["messages"] == layers for rs in received for r in rs)  # a message a layer
     servers = json.loads((run.run_dir / "servers.json").read_text())
     assert not any(group_alive(v["pid"]) for v in servers.values())
-    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    assert left_in_shm(shm_before) == set()
 
 
 @pytest.mark.engine
@@ -438,7 +439,7 @@ def test_tensor_parallel_prefill_instances_serve_decode_instances_of_another_deg
     p, n = int(shape[0]), int(shape[2])
     more = ["serve.prefill_instances=2", "serve.decode_instances=2", "serve.prefill_policy=prefix_hash"] \
         if shape == "2P2D" else []
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_now()
     run = run_harness(results_dir / f"serve-tp-{shape}", "runner=serve", "strategy=fused",
                       "engines.prefill={tensor_parallel_size:2}", "serve.request_rate=4", "serve.num_requests=8",
                       "serve.baseline_repeat=false", *more)
@@ -456,7 +457,7 @@ def test_tensor_parallel_prefill_instances_serve_decode_instances_of_another_deg
     assert all(received)  # round robin over the decode instances
     servers = json.loads((run.run_dir / "servers.json").read_text())
     assert not any(group_alive(v["pid"]) for v in servers.values())
-    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    assert left_in_shm(shm_before) == set()
 
 
 @pytest.mark.engine
@@ -481,7 +482,7 @@ def test_a_request_past_its_time_limit_is_recorded_as_failed_and_the_run_goes_on
 def test_an_instance_that_dies_stops_the_run_with_exit_3_keeping_its_records(results_dir):
     run_dir = results_dir / "serve-death"
     shutil.rmtree(run_dir, ignore_errors=True)
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_now()
     cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}", "device=cpu", "runner=serve",
            "serve.num_requests=400", "serve.request_rate=4", "serve.baseline_repeat=false"]
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -505,7 +506,7 @@ def test_an_instance_that_dies_stops_the_run_with_exit_3_keeping_its_records(res
     assert not any(group_alive(v["pid"]) for v in servers.values())
     # vLLM's shared memory of the killed instance (and of the others) is gone with them; a
     # 32-byte semaphore of the killed process may stay (sem.mp-*: only it had it mapped)
-    assert {f for f in set(os.listdir("/dev/shm")) - shm_before if not f.startswith("sem.mp-")} == set()
+    assert {f for f in left_in_shm(shm_before) if not f.startswith("sem.mp-")} == set()
 
 
 @pytest.mark.engine
@@ -566,7 +567,7 @@ def test_deploy_refuses_bad_input_with_one_line_and_exit_2_before_anything_start
 
 def test_each_instance_starts_on_its_sides_gpu_plus_its_place_times_its_tp_degree():
     """device.<role>_gpu is the side's first GPU; instance i's workers start i x TP degree past it."""
-    from harness.serving.deployment import first_gpu
+    from harness.settings import first_gpu
 
     cfg = settle(compose_config("runner=serve", "serve.prefill_instances=2", "engines.prefill={tensor_parallel_size:2}",
                                 "device.decode_gpu=4"), "cuda")

@@ -30,6 +30,7 @@ from harness.records.files import read_jsonl, write_json
 from harness.serving.instances import ServerProcess, router_process
 from harness.serving.load import ScheduledRequest, send_one
 from tests.conftest import ROOT, run_harness
+from tests.helpers.runs import left_in_shm, shm_now
 from tests.helpers.serving import DEPLOY, config
 
 crosscheck = runpy.run_path(str(ROOT / "scripts" / "bench_crosscheck.py"))["crosscheck"]
@@ -63,7 +64,7 @@ def deployment(results_dir):
     cfg = config("strategy=fused")
     run_dir = results_dir / "serve-fused"
     shutil.rmtree(run_dir, ignore_errors=True)
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_now()
     cmd = [sys.executable, "-m", "harness.serving.deploy", f"hydra.run.dir={run_dir}", "device=cpu",
            "engine.max_model_len=512", "engine.kv_cache_gib=0.25", *DEPLOY]
     out = open(results_dir / "serve-fused.deploy.log", "w")  # noqa: SIM115 (open while the deployment runs)
@@ -399,4 +400,4 @@ def test_ctrl_c_stops_the_deployment_with_every_process_group(deployment):
     d["deploy"].send_signal(signal.SIGINT)
     assert d["deploy"].wait(60) == 0
     assert not any(s.alive() for s in d["servers"].values())
-    assert set(os.listdir("/dev/shm")) - d["shm_before"] == set()
+    assert left_in_shm(d["shm_before"]) == set()

@@ -10,17 +10,20 @@ decode worker, and every one of them must see it.
 """
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
-from harness import process_group
 from harness.offline.engine_pool import POOL
-from harness.process_group import SHM
 from harness.resolvers import built_in_strategies
 from tests.conftest import FULL, ROOT, cells, run_harness
-from tests.helpers.runs import check_faults_caught, edge_prompts, harness_on_edge_prompts, worker_records
+from tests.helpers.runs import (
+    check_faults_caught,
+    edge_prompts,
+    harness_on_edge_prompts,
+    left_in_shm,
+    shm_now,
+    worker_records,
+)
 from transfer_strategies.tp import heads_of
 
 pytestmark = pytest.mark.engine
@@ -28,12 +31,6 @@ pytestmark = pytest.mark.engine
 N_HEADS = json.loads((ROOT / "models" / "tiny-llama" / "config.json").read_text())["num_key_value_heads"]
 STRATEGIES = built_in_strategies(lossy=False)  # the lossy ones: test_lossy_cpu.py (equal degrees)
 DEGREES = [(1, 2), (2, 1), (2, 2)]
-
-
-def left_in_shm(before: set[str]) -> set[str]:
-    """/dev/shm files that appeared since `before` and that no live process maps: what the run's
-    stopped engines left, not the segments of anything still running beside the tests."""
-    return {Path(f).name for f in process_group.unmapped({SHM + n for n in set(os.listdir(SHM)) - before})}
 
 
 def tp_overrides(p: int, d: int) -> list[str]:
@@ -61,7 +58,7 @@ CELLS = [(s, p, d) for p, d in DEGREES for s in STRATEGIES if s != "chunkwise" o
 def tp_run(request, results_dir, tmp_path_factory):
     strategy, p, d = request.param
     POOL.close()  # what earlier runs kept is not this run's
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_now()
     run = harness_on_edge_prompts(results_dir, tmp_path_factory, f"tp-{strategy}-{p}to{d}", f"strategy={strategy}",
                                   *tp_overrides(p, d))
     run.degrees = (p, d)
@@ -138,7 +135,7 @@ def test_the_negative_control_is_caught_on_every_decode_worker(p, d, results_dir
 @FULL  # each fault scenario at TP 1 and each degree pair are in make test
 def test_transport_faults_are_caught_on_every_worker(kind, strategy, p, d, results_dir):
     POOL.close()
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_now()
     # six processes on two cores: a prefill forward can take seconds, and an undamaged transfer
     # must not miss the drop scenario's 5 s wait (seen once in a fresh-clone run: a correct one missed it)
     wait = ["run.transfer_timeout_s=20"] if kind == "drop" else []

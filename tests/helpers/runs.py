@@ -1,11 +1,15 @@
 """Harness runs that several test modules make, and the checks on what a run wrote: the edge-case
 prompts and the harness run on them (what they cover: tests/test_e2e_cpu.py), a scenario's run
 passing or its faults caught, each tensor-parallel worker's transfer records, and a configuration
-refused as bad input."""
+refused as bad input, and what a run left in /dev/shm."""
 
 import json
+import os
 import random
+from pathlib import Path
 
+from harness import process_group
+from harness.process_group import SHM
 from harness.workload import is_warmup
 from tests.conftest import run_harness, write_token_prompts
 from transfer_strategies.records import rank_path
@@ -91,3 +95,14 @@ def assert_bad_input(run, *words):
     for w in words:
         assert w in lines[0]
     assert run.summary["status"] == "bad_input" and no_engine_started(run)
+
+
+def shm_now() -> set[str]:
+    return set(os.listdir(SHM))
+
+
+def left_in_shm(before: set[str]) -> set[str]:
+    """/dev/shm files that appeared since `before` and that no live process maps: what the run's
+    stopped engines left, not the segments of anything still running beside the tests (another
+    test session's engines create and remove theirs meanwhile)."""
+    return {Path(f).name for f in process_group.unmapped({SHM + n for n in shm_now() - before})}
