@@ -364,7 +364,7 @@ def checked_inputs(cfg: DictConfig) -> tuple[Settings, Workload]:
             f"engine.block_size + 2: vLLM's {cfg.strategy.connector} names its files after a prompt's whole "
             f"blocks but its last two tokens, and prompts with none collide")
     settings = settle(cfg, device)
-    if device == "cuda" and cfg.runner.name == "offline":
+    if device == "cuda":
         why = unfit(settings, gpu_memory_gib())
         if why:
             raise ConfigError(why)

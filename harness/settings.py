@@ -73,3 +73,19 @@ def stored_kv_dtype(cfg: DictConfig) -> str | None:
     users shrink KV, judged as a lossy strategy is (outputs compared, not required to match)."""
     mine = engine_overrides(cfg, "decode").get("kv_cache_dtype") or "auto"
     return mine if mine != (engine_overrides(cfg, "baseline").get("kv_cache_dtype") or "auto") else None
+
+
+def instance_counts(cfg: DictConfig) -> dict[str, int]:
+    """Each side's instances: serve.baseline_instances=matched gives the baseline as many as the
+    P/D side has (2 against 1P1D, 3 against 2P1D), so a curve compares equal hardware."""
+    s = cfg.serve
+    p, d = s.prefill_instances, s.decode_instances
+    return {"baseline": p + d if s.baseline_instances == "matched" else s.baseline_instances, "prefill": p, "decode": d}
+
+
+def first_gpu(settings: Settings, role: str, i: int) -> int:
+    """The first GPU of instance i of a side (its workers take the next ones, as many as its TP
+    degree): the side's device.<role>_gpu + i x that degree, so two baselines from GPU 0 are on
+    GPUs 0 and 1, two TP 2 prefill instances from GPU 0 on GPUs 0-1 and 2-3 (counted modulo the
+    GPUs there are: on one GPU every instance shares it)."""
+    return settings.cfg.device[f"{role}_gpu"] + i * settings.tp_of(role)

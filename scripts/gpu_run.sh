@@ -87,7 +87,10 @@ case "${1:-check}" in
     exit "${PIPESTATUS[0]}" ;;
   serve|serve1)
     name=${NAME:-$1}; experiment=gpu_serve; [ "$1" = serve1 ] && experiment=gpu_serve_1gpu
-    python3 -m harness -m experiment=$experiment "hydra.sweep.dir=$RUNS/$name" "${@:2}" 2>&1 | grep -v "^\[" | tail -60
+    # two 8B-shape instances a GPU with 24 GiB of KV each need 79.1 GiB: on 80 GB cards 16 GiB each
+    fit=(); [ "$1" = serve ] && [ ${#FIT[@]} -gt 0 ] && fit=(engine.kv_cache_gib=16)
+    python3 -m harness -m experiment=$experiment "hydra.sweep.dir=$RUNS/$name" "${fit[@]}" "${@:2}" 2>&1 \
+      | grep -v "^\[" | tail -60
     code=${PIPESTATUS[0]}
     cp "$RUNS/$name/sweep_summary.txt" "$OUT/$name-summary.txt" 2>/dev/null
     tar czf "$OUT/$name-runs.tgz" -C "$RUNS" "$name"

@@ -36,8 +36,8 @@ def test_without_overlapped_start_up_the_prefill_and_decode_engines_fit_an_h100(
 
 def test_engines_on_two_gpus_are_judged_per_gpu():
     s = settings("experiment=gpu_ttft", "device.decode_gpu=1")
-    assert [role for role, _ in demand(s)[0]] == ["baseline", "prefill"]
-    assert [role for role, _ in demand(s)[1]] == ["decode"]
+    assert [role for role, _ in demand(s, 2)[0]] == ["baseline", "prefill"]
+    assert [role for role, _ in demand(s, 2)[1]] == ["decode"]
     assert unfit(s, {0: 79.1, 1: 79.1}) is None
 
 
@@ -60,3 +60,21 @@ def test_the_harness_refuses_engines_that_do_not_fit_before_any_starts(tmp_path,
     monkeypatch.setattr(checks, "gpu_memory_gib", lambda: H100)
     run = refused_in_process(tmp_path / "r", "experiment=gpu_ttft", "workload=smoke", device="cuda")
     assert_bad_input(run, "need 98.7 GiB at once", "run.overlap_startup=false")
+
+
+def test_serving_instances_are_judged_all_at_once_each_on_its_gpu():
+    one_gpu = settings("experiment=gpu_serve_1gpu")  # 1P1D and two colocated replicas on GPU 0
+    assert [name for name, _ in demand(one_gpu)[0]] == ["baseline0", "baseline1", "prefill", "decode"]
+    assert unfit(one_gpu, H100) is None
+    big = settings("experiment=gpu_serve_1gpu", "model=llama3_8b_shape")
+    assert "need 114.2 GiB at once" in unfit(big, H100) and unfit(big, H200) is None
+    # two prefill instances: the decode instance holds a staging buffer for each
+    two = dict(demand(settings("experiment=gpu_serve_1gpu", "serve.prefill_instances=2"))[0])
+    assert two["decode"] - dict(demand(one_gpu)[0])["decode"] == pytest.approx(4.0)
+
+
+def test_the_two_gpu_serving_experiment_fits_two_h100s_as_gpu_run_sh_lowers_its_kv():
+    s = settings("experiment=gpu_serve")  # a colocated and a P/D instance on each of GPUs 0 and 1
+    assert [name for name, _ in demand(s, 2)[1]] == ["baseline1", "decode"]
+    assert "GPU 0 need 79.1 GiB" in unfit(s, {0: 79.1, 1: 79.1}) and unfit(s, {0: 139.8, 1: 139.8}) is None
+    assert unfit(settings("experiment=gpu_serve", "engine.kv_cache_gib=16"), {0: 79.1, 1: 79.1}) is None

@@ -10,13 +10,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from omegaconf import DictConfig
-
 from harness import process_group
 from harness.engine_config import engine_args, engine_env, free_port, transfer_config
 from harness.records.files import write_json
 from harness.serving.instances import InstanceDied, ServerProcess, router_process, vllm_instance
-from harness.settings import Settings
+from harness.settings import Settings, first_gpu, instance_counts
 from transfer_strategies.transport import remove_leftovers
 
 
@@ -24,22 +22,6 @@ def gpu_count() -> int:
     import torch
 
     return max(torch.cuda.device_count(), 1)
-
-
-def instance_counts(cfg: DictConfig) -> dict[str, int]:
-    """Each side's instances: serve.baseline_instances=matched gives the baseline as many as the
-    P/D side has (2 against 1P1D, 3 against 2P1D), so a curve compares equal hardware."""
-    s = cfg.serve
-    p, d = s.prefill_instances, s.decode_instances
-    return {"baseline": p + d if s.baseline_instances == "matched" else s.baseline_instances, "prefill": p, "decode": d}
-
-
-def first_gpu(settings: Settings, role: str, i: int) -> int:
-    """The first GPU of instance i of a side (its workers take the next ones, as many as its TP
-    degree): the side's device.<role>_gpu + i x that degree, so two baselines from GPU 0 are on
-    GPUs 0 and 1, two TP 2 prefill instances from GPU 0 on GPUs 0-1 and 2-3 (counted modulo the
-    GPUs there are: on one GPU every instance shares it)."""
-    return settings.cfg.device[f"{role}_gpu"] + i * settings.tp_of(role)
 
 
 def instance_names(side: str, count: int) -> list[str]:

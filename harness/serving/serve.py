@@ -38,12 +38,12 @@ from harness.records.tables import format_serve_summary
 from harness.records.transfer_records import TransferStats
 from harness.records.verdict import ended_early
 from harness.serving.checks import check_endpoints, check_serve_inputs, check_serve_workload
-from harness.serving.deployment import ServingDeployment, instance_counts
+from harness.serving.deployment import ServingDeployment
 from harness.serving.instances import InstanceDied
 from harness.serving.load import LoadError
 from harness.serving.passes import Client, ServePasses
 from harness.serving.schedule import load_spec, probe_schedule, request_schedule
-from harness.settings import Settings
+from harness.settings import Settings, instance_counts
 from harness.tracking import track
 from harness.workload import WorkloadError
 
