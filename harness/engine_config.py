@@ -13,7 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from harness import PROJECT_ROOT
 from harness.ceiling import link_ceiling_gbps
 from harness.checks import load_connector, params_type
-from harness.engine_process import NETNS_ENV
+from harness.forkserver import NETNS_ENV
 from harness.settings import Settings, engine_overrides
 from transfer_strategies.connector_config import ConnectorConfig, HarnessSettings, TransportSettings, parse
 from transfer_strategies.transport.rendezvous import SCHEME

@@ -9,42 +9,29 @@ must survive an engine dying and say so; and a vLLM engine deleted in-process do
 its GPU memory back. Each child leads its own process group and dies with the harness
 (PR_SET_PDEATHSIG), so stopping it stops everything it started.
 
-How it starts: a CPU engine is forked from a server process that imported vLLM once
-(multiprocessing's forkserver, `_context`): importing vLLM and torch is about 7 of the 10 s a
-tiny engine takes to start on the 2-core machine, paid once per harness process instead of once
-per engine. A CUDA engine is spawned (a fresh interpreter): CUDA must not be touched before a
-fork, and the start-up there is dominated by CUDA graph capture anyway.
+How it starts: a CPU engine is forked from a server process that imported vLLM once, a CUDA
+engine is spawned (harness/forkserver.py says why).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import multiprocessing as mp
 import os
 import signal
 import sys
 import time
 import traceback
 from dataclasses import dataclass, field
-from multiprocessing import forkserver
 from multiprocessing.connection import wait as wait_any
 from pathlib import Path
 
 from harness import process_group
-
-# Engines leave on os._exit / SIGKILL, so vLLM's semaphores are reclaimed by multiprocessing's
-# resource tracker, which would warn about each one at exit.
-os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.resource_tracker")
+from harness.forkserver import NETNS_ENV, context, die_with_parent
 
 
 class EngineDied(RuntimeError):
     pass
-
-
-def _die_with_parent() -> None:
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _kv_blocks_in_use(engine) -> int | None:
@@ -81,45 +68,11 @@ def _transfer_held(engine) -> dict | None:
         return None
 
 
-NETNS_ENV = "HARNESS_NETNS"  # the network namespace an engine process enters before vLLM starts (run.netns)
-
-# What the forkserver imports before it forks engines (their start-up without the imports)
-PRELOAD = ["vllm", "vllm.entrypoints.llm", "vllm.v1.engine.llm_engine", "vllm.config", "harness.engine_process"]
-# an engine's environment variables read only once it runs (engine_env): they may differ between
-# engines forked from one server. Any other variable may be read when a library is imported (libgomp
-# reads OMP_WAIT_POLICY when torch loads it, huggingface_hub HF_HUB_OFFLINE when vLLM imports it).
-PER_ENGINE_ENV = {NETNS_ENV, "GLOO_SOCKET_IFNAME", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
-                  "PYTEST_CURRENT_TEST"}  # pytest's, set anew for every test
-_server_env: dict | None = None  # the environment the forkserver imported vLLM in
-
-
-def _context(env: dict):
-    """How an engine with this environment starts: forked from the forkserver where the server
-    imported vLLM in the environment a spawned engine would see now (this process's, updated with
-    the engine's, less PER_ENGINE_ENV), else spawned. The server starts with the first CPU engine."""
-    global _server_env
-    if "CUDA_VISIBLE_DEVICES" in env:
-        return mp.get_context("spawn")
-    imported = {k: v for k, v in dict(os.environ, **env).items() if k not in PER_ENGINE_ENV}
-    if _server_env is None:
-        saved = dict(os.environ)
-        os.environ.update(imported)  # the server inherits this process's environment when it starts
-        try:
-            forkserver.set_forkserver_preload(PRELOAD)
-            forkserver.ensure_running()
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-        _server_env = imported
-    return mp.get_context("forkserver" if imported == _server_env else "spawn")
-
-
 def enter_netns(name: str) -> None:
     """Move this process into the named Linux network namespace (`ip netns add NAME`), as
     `ip netns exec` does: with a mount namespace of its own whose /sys is the network
     namespace's, where libraries list the interfaces (UCX does: without it, NIXL saw only lo).
     Threads and processes started afterwards are in both. Call it while single-threaded."""
-    import ctypes
 
     libc = ctypes.CDLL(None, use_errno=True)
 
@@ -141,7 +94,7 @@ def enter_netns(name: str) -> None:
 
 def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None:
     os.setsid()
-    _die_with_parent()
+    die_with_parent()
     log = open(log_path, "a", buffering=1)  # noqa: SIM115 - the engine's stdout and stderr until it exits
     os.dup2(log.fileno(), 1)
     os.dup2(log.fileno(), 2)
@@ -250,7 +203,7 @@ class EngineProcess:
 
     def __post_init__(self):
         self.semaphores_before = process_group.semaphores()
-        ctx = _context(self.env)
+        ctx = context(self.env)
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=_serve, name=f"engine-{self.name}",
                                 args=(child, self.name, self.engine_args, self.env, str(self.log_path)))

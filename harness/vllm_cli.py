@@ -5,9 +5,16 @@ version of `vllm` before it parses anything, so `vllm serve` fails there with
 PackageNotFoundError. This answers that question as vLLM's platform detection does (the CPU build's version
 and `+cpu`), and otherwise
 runs vLLM's own CLI unchanged; on a CUDA build (distribution `vllm`) it changes nothing.
+
+One start-up choice is the caller's on the CPU too: vLLM's CPU platform sets
+VLLM_WORKER_MULTIPROC_METHOD=spawn whatever it was, so its engine core imports vLLM again (about
+8 s on 2 cores). Where the caller set it to `fork` (the harness's CPU instances, forked from a
+process that imported vLLM: harness/forkserver.py), that choice is kept, as vLLM keeps it on a GPU
+whose CUDA is untouched: the engine core is forked, as a library's AsyncLLM forks it by default.
 """
 
 import importlib.metadata
+import os
 import sys
 
 _version = importlib.metadata.version
@@ -24,7 +31,23 @@ def _version_of_any_vllm_build(name: str) -> str:
 
 importlib.metadata.version = _version_of_any_vllm_build
 
+
+def _keep_a_fork_start() -> None:
+    if os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") != "fork":
+        return
+    from vllm.platforms import cpu
+
+    chosen = cpu.CpuPlatform.check_and_update_config.__func__
+
+    def check_and_update_config(cls, vllm_config) -> None:
+        chosen(cls, vllm_config)
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+
+    cpu.CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
+
+
 if __name__ == "__main__":
+    _keep_a_fork_start()
     from vllm.entrypoints.cli.main import main
 
     sys.exit(main())

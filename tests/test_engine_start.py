@@ -1,33 +1,67 @@
-"""How an engine process starts (harness/engine_process.py `_context`): on CPU forked from a
-server that imported vLLM once, in the environment a spawned engine would see; spawned where that
-environment differs or CUDA is used."""
+"""How an engine process or a `vllm serve` instance starts (harness/forkserver.py): on CPU forked
+from a server that imported vLLM once, in the environment a spawned process would see; spawned
+(an instance: its command line) where that environment differs or CUDA is used."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
-from harness import engine_process
-from harness.engine_process import _context
+from harness import forkserver
+from harness.forkserver import Forked
+from harness.forkserver import context as _context
+from harness.serving.instances import ServerProcess
+
+ENGINE_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def server_env() -> dict:
+    """The variables the server imported vLLM with that this process lacks (it starts here unless
+    an engine test started it already)."""
+    if forkserver._server_env is None:
+        _context(ENGINE_ENV)
+    return {k: v for k, v in forkserver._server_env.items() if k not in os.environ or os.environ[k] != v}
 
 
 @pytest.mark.slow  # the server imports vLLM (seconds) unless an engine test started it already
 def test_cpu_engines_are_forked_from_a_server_that_imported_vllm_in_their_environment(monkeypatch):
-    env = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
     before = dict(os.environ)
-    if engine_process._server_env is None:  # no engine test has started the server yet
-        assert _context(env).get_start_method() == "forkserver"
+    if forkserver._server_env is None:  # no engine test has started the server yet
+        assert _context(ENGINE_ENV).get_start_method() == "forkserver"
     assert dict(os.environ) == before  # the server started in the engine's environment, this process's unchanged
-    server = engine_process._server_env
-    mine = {k: v for k, v in server.items() if k not in os.environ or os.environ[k] != v}
+    mine = server_env()
     assert _context(mine).get_start_method() == "forkserver"
     # variables an engine reads once it runs may differ between engines of one server
     assert _context(dict(mine, GLOO_SOCKET_IFNAME="kv0", HARNESS_NETNS="ns1")).get_start_method() == "forkserver"
     # one a library reads when imported (libgomp's) differs: that engine imports vLLM itself
     assert _context(dict(mine, OMP_WAIT_POLICY="ACTIVE")).get_start_method() == "spawn"
     # this process's environment changed since (a spawned engine would inherit the change)
-    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", server.get("TRANSFORMERS_VERBOSITY", "") + "x")
+    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", forkserver._server_env.get("TRANSFORMERS_VERBOSITY", "") + "x")
     assert _context(mine).get_start_method() == "spawn"
 
 
 def test_cuda_engines_are_spawned():
     assert _context({"CUDA_VISIBLE_DEVICES": "0"}).get_start_method() == "spawn"
+
+
+@pytest.mark.slow
+def test_a_server_forked_as_its_command_line_leads_its_group_and_stops_with_it(tmp_path):
+    """A ServerProcess marked forked runs `python -m MODULE ...` in a process forked from the server
+    (serving's CPU instances: vLLM's API server without importing vLLM again); with CUDA, the
+    command line itself."""
+    (tmp_path / "health").write_text("ok")  # what /health answers
+
+    def web(env: dict) -> ServerProcess:
+        return ServerProcess("web", lambda port: [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1",
+                                                  "--directory", str(tmp_path)], env, tmp_path / "web.log", forked=True)
+
+    server = web(server_env())
+    with server:
+        server.wait_healthy(60)
+        assert isinstance(server.proc, Forked) and os.getpgid(server.proc.pid) == server.proc.pid
+    assert server.proc.poll() is not None
+    assert (tmp_path / "web.log").read_text().startswith("$ " + sys.executable + " -m http.server")
+    with web(dict(server_env(), CUDA_VISIBLE_DEVICES="")) as server:
+        server.wait_healthy(60)
+        assert isinstance(server.proc, subprocess.Popen)
