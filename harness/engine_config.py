@@ -62,6 +62,8 @@ def engine_env(s: Settings, gpu: int, role: str | None = None) -> dict:
             env.update(UCX_TLS="tcp,cuda_copy" if device == "cuda" else "tcp", UCX_NET_DEVICES=ifname)
     if device == "cpu":
         env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"  # engines share the cores
+        # an instance's engine core, TP workers: forked, vLLM imported (harness/vllm_cli.py keep_a_fork_start)
+        env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
         # OpenMP threads otherwise spin for up to 200 ms after each parallel region, starving
         # the other engines (and the KV receiver thread) on a machine with few cores
         env["OMP_WAIT_POLICY"] = "PASSIVE"

@@ -106,6 +106,10 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
         from vllm import LLM, SamplingParams
         from vllm.config import KVTransferConfig
 
+        from harness.vllm_cli import keep_a_fork_start
+
+        keep_a_fork_start()  # TP workers forked from this process, which imported vLLM
+
         if isinstance(engine_args.get("kv_transfer_config"), dict):
             engine_args = dict(engine_args, kv_transfer_config=KVTransferConfig(**engine_args["kv_transfer_config"]))
         llm = LLM(**engine_args)

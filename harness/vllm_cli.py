@@ -6,11 +6,12 @@ PackageNotFoundError. This answers that question as vLLM's platform detection do
 and `+cpu`), and otherwise
 runs vLLM's own CLI unchanged; on a CUDA build (distribution `vllm`) it changes nothing.
 
-One start-up choice is the caller's on the CPU too: vLLM's CPU platform sets
-VLLM_WORKER_MULTIPROC_METHOD=spawn whatever it was, so its engine core imports vLLM again (about
-8 s on 2 cores). Where the caller set it to `fork` (the harness's CPU instances, forked from a
-process that imported vLLM: harness/forkserver.py), that choice is kept, as vLLM keeps it on a GPU
-whose CUDA is untouched: the engine core is forked, as a library's AsyncLLM forks it by default.
+One start-up choice is the caller's on the CPU too (`keep_a_fork_start`): vLLM's CPU platform
+sets VLLM_WORKER_MULTIPROC_METHOD=spawn whatever it was, so an instance's engine core and each
+tensor-parallel worker import vLLM again (about 8 s each on 2 cores). Where the caller set it to
+`fork` (the harness's CPU engines and instances, forked from a process that imported vLLM:
+harness/forkserver.py), that choice is kept, as vLLM keeps it on a GPU whose CUDA is untouched:
+they are forked, as a library's AsyncLLM and LLM fork them by default.
 """
 
 import importlib.metadata
@@ -32,7 +33,8 @@ def _version_of_any_vllm_build(name: str) -> str:
 importlib.metadata.version = _version_of_any_vllm_build
 
 
-def _keep_a_fork_start() -> None:
+def keep_a_fork_start() -> None:
+    """VLLM_WORKER_MULTIPROC_METHOD=fork, where this process set it, survives vLLM's CPU platform."""
     if os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") != "fork":
         return
     from vllm.platforms import cpu
@@ -47,7 +49,7 @@ def _keep_a_fork_start() -> None:
 
 
 if __name__ == "__main__":
-    _keep_a_fork_start()
+    keep_a_fork_start()
     from vllm.entrypoints.cli.main import main
 
     sys.exit(main())

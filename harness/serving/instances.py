@@ -192,8 +192,6 @@ class ServerProcess:
 def vllm_instance(name: str, args: dict, env: dict, log_path: Path) -> ServerProcess:
     server = ServerProcess(name, lambda port: serve_command(args, port), env, log_path, forked=True)
     server.env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the API server needs its engine core process
-    if "CUDA_VISIBLE_DEVICES" not in server.env:  # forked from the API server, vLLM imported (harness/vllm_cli.py)
-        server.env["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
     return server
 
 
