@@ -39,8 +39,7 @@ PRELOAD = ["vllm", "vllm.entrypoints.llm", "vllm.v1.engine.llm_engine", "vllm.co
 # imported (libgomp reads OMP_WAIT_POLICY when torch loads it, huggingface_hub HF_HUB_OFFLINE when
 # vLLM imports it).
 PER_ENGINE_ENV = {NETNS_ENV, "GLOO_SOCKET_IFNAME", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
-                  # offline engines keep their engine core in-process; an instance forks its own
-                  "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_WORKER_MULTIPROC_METHOD",
+                  "VLLM_ENABLE_V1_MULTIPROCESSING",  # offline engines keep their engine core in-process
                   "PYTEST_CURRENT_TEST"}  # pytest's, set anew for every test
 _server_env: dict | None = None  # the environment the server imported vLLM in
 
@@ -76,10 +75,6 @@ class Forked:
 
     def __init__(self, process: mp.Process):
         self.process, self.pid = process, process.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.exitcode
 
     def poll(self) -> int | None:
         return self.process.exitcode

@@ -21,7 +21,6 @@ begins with the command line it is equivalent to.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -61,7 +60,7 @@ def serve_command(args: dict, port: int) -> list[str]:
 
 def _die_with_parent() -> None:
     os.setsid()  # a process group of its own: stop() signals the API server and its engine core together
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    forkserver.die_with_parent()
 
 
 class InstanceDied(RuntimeError):
