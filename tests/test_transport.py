@@ -265,3 +265,15 @@ def test_the_nixl_probe_writes_intact_over_ucx_tcp_as_the_readme_shows():
     writes = [line for line in out.stdout.splitlines() if line.startswith("write ")]
     assert len(writes) == 2 and all(line.endswith("intact=True") for line in writes), out.stdout
     assert "Gbit/s over 2 writes" in out.stdout
+
+
+def test_the_nixl_receivers_poller_ends_when_it_closes():
+    """At exit (atexit calls close): a daemon thread still inside NIXL's binding when the
+    interpreter finalizes aborts the process after its work is done (CI: exit -6)."""
+    pytest.importorskip("nixl._api")
+    from transfer_strategies.transport.nixl import NixlStaging
+
+    staging = NixlStaging(torch.device("cpu"), 4096)
+    assert staging._poller.is_alive()
+    staging.close()
+    assert not staging._poller.is_alive()

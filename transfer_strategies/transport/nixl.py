@@ -30,6 +30,7 @@ that polls every PROGRESS_S.
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import os
 import threading
@@ -67,12 +68,22 @@ class NixlStaging:
         self._registered = self.agent.register_memory(self._landing)  # for as long as the worker lives
         mem, dev = _where(self._landing)
         self.handle = ("nixl", self.agent.get_agent_metadata(), self._landing.data_ptr(), nbytes, mem, dev)
-        threading.Thread(target=self._progress, name="kv-nixl-progress", daemon=True).start()
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._progress, name="kv-nixl-progress", daemon=True)
+        self._poller.start()
+        # stopped before the interpreter finalizes: a daemon thread inside NIXL's binding then is
+        # unwound through a noexcept frame, and the process aborts ("terminate called without an
+        # active exception", exit -6) after its work is done
+        atexit.register(self.close)
 
     def _progress(self) -> None:
-        while True:  # the only caller of this agent from here on
+        while not self._stop.is_set():  # the only caller of this agent from here on
             self.agent.get_new_notifs()  # progresses UCX (incoming writes) without a progress thread
             time.sleep(PROGRESS_S)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._poller.join()
 
     def arrived(self, offset: int, nbytes: int) -> bool:
         """Onto the GPU (on_host) before the payload is announced to the worker: whether it copied."""
