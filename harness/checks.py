@@ -345,12 +345,17 @@ def checked_inputs(cfg: DictConfig) -> tuple[Settings, Workload]:
         check_placement(cfg)  # this machine's addresses and namespaces
         device = resolve_device(cfg)
         check_transport(cfg, device)
+        workload = build_workload(cfg.workload, load_tokenizer(str(cfg.model.path)))
+        check_weights(cfg.model)
+        # the model is there (its path is part of the engines' environment): the engines' server
+        # imports vLLM from now on, beside the strategy's checks, which import it here
+        from harness.engine_config import start_engine_server  # it builds on this module's checks
+
+        start_engine_server(cfg, device)
         connector = load_connector(cfg.strategy)
         check_strategy_params(cfg.strategy, connector)
         check_equal_degrees(cfg, connector)
         check_block_size(cfg.engine.block_size, device)
-        workload = build_workload(cfg.workload, load_tokenizer(str(cfg.model.path)))
-        check_weights(cfg.model)
     except MissingMandatoryValue as e:
         raise ConfigError(f"{e.full_key} has no value (??? in conf/): give it on the command line, "
                           f"{e.full_key}=...") from None

@@ -10,13 +10,21 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from harness import PROJECT_ROOT
+from harness import PROJECT_ROOT, forkserver
 from harness.ceiling import link_ceiling_gbps
 from harness.checks import load_connector, params_type
 from harness.forkserver import NETNS_ENV
 from harness.settings import Settings, engine_overrides
 from transfer_strategies.connector_config import ConnectorConfig, HarnessSettings, TransportSettings, parse
 from transfer_strategies.transport.rendezvous import SCHEME
+
+
+def start_engine_server(cfg: DictConfig, device: str) -> None:
+    """On CPU, the server the run's engines and instances are forked from (harness/forkserver.py),
+    started now: its import of vLLM (about 6 s on 2 cores) goes on while this process checks the
+    strategy, which imports vLLM too (about 5 s). Nothing where no engine starts here."""
+    if device == "cpu" and not (cfg.runner.name == "serve" and cfg.serve.endpoints.baseline):
+        forkserver.start_server(engine_env(cfg, device, 0))
 
 
 def engine_args(s: Settings, role: str | None = None) -> dict:
@@ -39,9 +47,8 @@ def engine_args(s: Settings, role: str | None = None) -> dict:
     return args
 
 
-def engine_env(s: Settings, gpu: int, role: str | None = None) -> dict:
+def engine_env(cfg: DictConfig, device: str, gpu: int, role: str | None = None) -> dict:
     """role: baseline, prefill or decode (None: an engine of no role)."""
-    cfg, device = s.cfg, s.device
     env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine core in the engine process: one process to stop
            "TOKENIZERS_PARALLELISM": "false", "GLOO_SOCKET_IFNAME": "lo",
            "PYTHONPATH": os.pathsep.join([str(PROJECT_ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}

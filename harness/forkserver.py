@@ -11,6 +11,7 @@ interpreters: an engine spawned, an instance as its command line.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import multiprocessing as mp
@@ -30,39 +31,88 @@ os.environ.setdefault("PYTHONWARNINGS", "ignore::UserWarning:multiprocessing.res
 NETNS_ENV = "HARNESS_NETNS"  # the network namespace an engine process enters before vLLM starts (run.netns)
 
 # What the server imports before it forks (their start-up without the imports); the API server's
-# modules add half a second to vLLM's eight
+# modules add half a second to vLLM's eight. A run's checks import the CPU attention backend, which
+# sets a variable (AITER_SITUV2_A4W4): the server imports it too, or no engine of that run is forked.
 PRELOAD = ["vllm", "vllm.entrypoints.llm", "vllm.v1.engine.llm_engine", "vllm.config", "harness.engine_process",
            "harness.vllm_cli", "vllm.entrypoints.cli.main", "vllm.entrypoints.openai.api_server",
-           "vllm.entrypoints.cli.serve", "vllm.v1.engine.async_llm"]
+           "vllm.entrypoints.cli.serve", "vllm.v1.engine.async_llm", "vllm.v1.attention.backends.cpu_attn"]
 # environment variables read only once a process runs (engine_env, serving's instances): they may
 # differ between processes forked from one server. Any other variable may be read when a library is
 # imported (libgomp reads OMP_WAIT_POLICY when torch loads it, huggingface_hub HF_HUB_OFFLINE when
 # vLLM imports it).
 PER_ENGINE_ENV = {NETNS_ENV, "GLOO_SOCKET_IFNAME", "VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT",
                   "VLLM_ENABLE_V1_MULTIPROCESSING",  # offline engines keep their engine core in-process
+                  "UCX_TLS", "UCX_NET_DEVICES",  # read when NIXL's agent starts in an engine (a link's)
                   "PYTEST_CURRENT_TEST"}  # pytest's, set anew for every test
-_server_env: dict | None = None  # the environment the server imported vLLM in
+_started_env: dict | None = None  # the environment the server started in, less PER_ENGINE_ENV
+_server_env: dict | None = None  # the server's once it imported vLLM, less PER_ENGINE_ENV
+_server_pid: int | None = None
+
+
+def start_server(env: dict) -> None:
+    """Start the server in this process's environment updated with `env`, unless it runs already;
+    returns at once, while the server imports vLLM. Not for CUDA (never touched before a fork)."""
+    global _server_pid, _started_env
+    if _server_pid is not None or "CUDA_VISIBLE_DEVICES" in env:
+        return
+    saved = dict(os.environ)
+    os.environ.update(env)  # the server inherits this process's environment when it starts
+    try:
+        forkserver.set_forkserver_preload(PRELOAD)
+        forkserver.ensure_running()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    _started_env = _engine_independent(dict(os.environ, **env))
+    _server_pid = forkserver._forkserver._forkserver_pid
+    # a server still importing would outlive an early exit (bad input) by its import's seconds
+    atexit.register(_stop_server, _server_pid)
 
 
 def context(env: dict):
     """How a process with this environment (this process's, updated with `env`) starts: forked from
-    the server where it imported vLLM in the same environment less PER_ENGINE_ENV, else spawned.
-    The server starts with the first CPU process."""
+    the server where it would have imported vLLM in the same environment less PER_ENGINE_ENV, else
+    spawned. The server starts with the first CPU process unless a run's checks started it
+    (engine_config.start_engine_server). Importing vLLM sets variables (TORCHINDUCTOR_CACHE_DIR, ...),
+    in the server and in a process that imports it: each may hold the value it had before or the
+    one the import set."""
     global _server_env
     if "CUDA_VISIBLE_DEVICES" in env:
         return mp.get_context("spawn")
-    imported = {k: v for k, v in dict(os.environ, **env).items() if k not in PER_ENGINE_ENV}
+    start_server(env)
     if _server_env is None:
-        saved = dict(os.environ)
-        os.environ.update(imported)  # the server inherits this process's environment when it starts
-        try:
-            forkserver.set_forkserver_preload(PRELOAD)
-            forkserver.ensure_running()
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-        _server_env = imported
-    return mp.get_context("forkserver" if imported == _server_env else "spawn")
+        _server_env = _engine_independent(_environ_of_server())
+    mine = _engine_independent(dict(os.environ, **env))
+    same = all(mine.get(k) in (_started_env.get(k), _server_env.get(k)) for k in {*mine, *_started_env, *_server_env})
+    return mp.get_context("forkserver" if same else "spawn")
+
+
+def _engine_independent(env: dict) -> dict:
+    return {k: v for k, v in env.items() if k not in PER_ENGINE_ENV}
+
+
+def _environ_of_server() -> dict:
+    """The server's environment after its preload: a process forked from it tells (it starts once
+    the preload is done, as any fork would wait)."""
+    ctx = mp.get_context("forkserver")
+    receive, send = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_send_environ, args=(send,), name="environ-of-server")
+    child.start()
+    send.close()
+    try:
+        return receive.recv()
+    finally:
+        receive.close()
+        child.join()
+
+
+def _send_environ(send) -> None:
+    send.send(dict(os.environ))
+
+
+def _stop_server(pid: int) -> None:
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
 
 
 def die_with_parent() -> None:

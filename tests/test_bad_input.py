@@ -9,8 +9,10 @@ contract (Hydra's parsing, the exit code, one line on stderr) is proven by the s
 at the end, and by test_entry_point.py for the console script."""
 
 import json
+import os
 import shutil
 
+import psutil
 import pytest
 from hydra.errors import MissingConfigException
 
@@ -166,6 +168,25 @@ def test_bad_input_on_the_command_line_is_exit_2_and_one_line(tmp_path):
     run = run_harness(tmp_path / "r", "sampling.max_tokens=0", subprocess_only=True)
     assert_bad_input(run, "sampling.max_tokens")
     assert json.loads((run.run_dir / "summary.json").read_text())["error"].startswith("sampling.max_tokens")
+
+
+def forkservers() -> set[int]:
+    """Engine servers (harness/forkserver.py) running on this machine, this process's left out."""
+    return {p.pid for p in psutil.process_iter(["cmdline", "ppid"])
+            if "multiprocessing.forkserver" in " ".join(p.info["cmdline"] or ()) and p.info["ppid"] != os.getpid()}
+
+
+def test_a_refusal_after_the_engines_server_started_leaves_no_process(tmp_path):
+    """On CPU the server the engines are forked from starts while the run is checked, its import of
+    vLLM beside the checks' own (engine_config.start_engine_server); a refusal known only after that
+    (a prompt too long for the engine, once the tokenizer is loaded) still leaves nothing running:
+    the server, importing for seconds more, is stopped as the process exits."""
+    before = forkservers()
+    prompts = write_token_prompts(tmp_path / "p.jsonl", [[7] * 200])
+    run = run_harness(tmp_path / "r", "workload=jsonl", f"workload.path={prompts}", "engine.max_model_len=128",
+                      subprocess_only=True)
+    assert_bad_input(run, "engine.max_model_len")
+    assert forkservers() <= before
 
 
 def test_bad_input_is_judged_before_vllm_is_imported(tmp_path):

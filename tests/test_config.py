@@ -309,11 +309,11 @@ def test_ucx_is_told_tcp_on_the_links_interface_with_cuda_copy_on_a_gpu(monkeypa
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # what a GPU engine's env is built from
     cfg = compose_job(["transport=nixl", "transport.ifname=kv0"])
-    assert engine_env(settle(cfg, "cpu"), 0, "decode")["UCX_TLS"] == "tcp"
-    cuda = engine_env(settle(cfg, "cuda"), 0, "prefill")
+    assert engine_env(cfg, "cpu", 0, "decode")["UCX_TLS"] == "tcp"
+    cuda = engine_env(cfg, "cuda", 0, "prefill")
     assert (cuda["UCX_TLS"], cuda["UCX_NET_DEVICES"], cuda["GLOO_SOCKET_IFNAME"]) == ("tcp,cuda_copy", "kv0", "kv0")
     # no link: UCX picks
-    assert "UCX_TLS" not in engine_env(settle(compose_job(["transport=nixl"]), "cuda"), 0, "prefill")
+    assert "UCX_TLS" not in engine_env(compose_job(["transport=nixl"]), "cuda", 0, "prefill")
 
 
 def test_nixl_buffers_are_pinned_host_memory_where_a_gpus_kv_crosses_a_link():

@@ -19,15 +19,14 @@ ENGINE_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0", "VLLM_CPU_OMP_
 def server_env() -> dict:
     """The variables the server imported vLLM with that this process lacks (it starts here unless
     an engine test started it already)."""
-    if forkserver._server_env is None:
-        _context(ENGINE_ENV)
+    _context(ENGINE_ENV)  # starts it, or asks its environment
     return {k: v for k, v in forkserver._server_env.items() if k not in os.environ or os.environ[k] != v}
 
 
 @pytest.mark.slow  # the server imports vLLM (seconds) unless an engine test started it already
 def test_cpu_engines_are_forked_from_a_server_that_imported_vllm_in_their_environment(monkeypatch):
     before = dict(os.environ)
-    if forkserver._server_env is None:  # no engine test has started the server yet
+    if forkserver._server_pid is None:  # no test's run has started the server yet
         assert _context(ENGINE_ENV).get_start_method() == "forkserver"
     assert dict(os.environ) == before  # the server started in the engine's environment, this process's unchanged
     mine = server_env()
@@ -39,6 +38,22 @@ def test_cpu_engines_are_forked_from_a_server_that_imported_vllm_in_their_enviro
     # this process's environment changed since (a spawned engine would inherit the change)
     monkeypatch.setenv("TRANSFORMERS_VERBOSITY", forkserver._server_env.get("TRANSFORMERS_VERBOSITY", "") + "x")
     assert _context(mine).get_start_method() == "spawn"
+
+
+@pytest.mark.slow  # two imports of vLLM side by side
+def test_a_runs_checks_start_the_server_and_its_engines_are_still_forked():
+    """A CPU run's checks start the server before they import vLLM (engine_config.start_engine_server),
+    and their imports set variables in this process's environment (TORCHINDUCTOR_CACHE_DIR, ...)
+    that the server's own imports set alike: the engines are still forked, not spawned."""
+    code = ("from tests.conftest import compose_config; from harness.checks import checked_inputs; "
+            "from harness.engine_config import engine_env; from harness import forkserver; "
+            "cfg = compose_config('device=cpu', 'runner=serve'); checked_inputs(cfg); "
+            "started = forkserver._server_pid is not None; "
+            "print(started, forkserver.context(engine_env(cfg, 'cpu', 0)).get_start_method())")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split()[-2:] == ["True", "forkserver"], p.stdout
 
 
 def test_cuda_engines_are_spawned():

@@ -115,7 +115,7 @@ class OfflineDeployment:
                          "disagg": lambda: remove_leftovers(channel_files(self.rendezvous, *settings.tp))}
 
     def _env(self, name: str) -> dict:
-        env = engine_env(self.settings, self.specs[name][1], name)
+        env = engine_env(self.settings.cfg, self.settings.device, self.specs[name][1], name)
         if name != "baseline" and self.settings.pulls:
             # vLLM's NIXL connector listens on a side channel per engine for the handshake
             env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))

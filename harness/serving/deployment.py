@@ -72,7 +72,7 @@ class ServingDeployment:
             for i, name in enumerate(names):
                 role = name.rstrip("0123456789")
                 gpu = first_gpu(settings, role, i)
-                env = engine_env(settings, gpu if device != "cuda" else gpu % gpu_count())
+                env = engine_env(settings.cfg, device, gpu if device != "cuda" else gpu % gpu_count())
                 if name in kv and settings.pulls:  # vLLM's NIXL handshake: a side channel per engine
                     env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
                 kv_args = {"kv_transfer_config": kv[name]} if name in kv else {}
