@@ -148,7 +148,7 @@ def main() -> int:
         return 2
     out = a.out or ROOT / "results" / "bench" / time.strftime("crosscheck_%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
-    env = engine_env(settings, cfg.device.baseline_gpu)
+    env = engine_env(cfg, settings.device, cfg.device.baseline_gpu)
     with instance_behind_router(engine_args(settings), env, out, cfg.run.startup_timeout_s) as (_, router):
         result = crosscheck(router.url, router.url, str(cfg.model.path), out, a.requests, a.vllm_requests,
                             a.prompt_len, a.max_tokens, (f"device={settings.device}", *overrides))

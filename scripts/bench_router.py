@@ -70,7 +70,7 @@ def main() -> int:
     settings, workload = checked_inputs(cfg)
     out = a.out or ROOT / "results" / "bench" / time.strftime("router_%Y-%m-%d_%H-%M-%S")
     out.mkdir(parents=True, exist_ok=True)
-    env = engine_env(settings, cfg.device.baseline_gpu)
+    env = engine_env(cfg, settings.device, cfg.device.baseline_gpu)
     with instance_behind_router(engine_args(settings), env, out, cfg.run.startup_timeout_s) as (instance, router):
         prompts = [p.token_ids for p in workload.prompts]
         model = str(cfg.model.path)

@@ -1,9 +1,10 @@
 """Shared helpers: run the real harness on the configuration `python -m harness <overrides>`
-composes: in this process (`run_harness`, the offline runner: engines an earlier run of the
-session kept are reused where their configuration is the same, harness/offline/engine_pool.py;
-no interpreter, Hydra and vLLM import per run), or in a subprocess as a user would (the serving
-runner, a run that needs its own environment, the command line's contract); configurations it
-must refuse before any engine starts: `refused_in_process`.
+composes: in this process (`run_harness`: no interpreter, Hydra and vLLM import per run, and
+engines and instances forked from a server that imported vLLM already; the offline runner's
+engines an earlier run of the session kept are reused where their configuration is the same,
+harness/offline/engine_pool.py), or in a subprocess as a user would (a run that needs its own
+environment, the command line's contract); configurations it must refuse before any engine
+starts: `refused_in_process`.
 
 Engine start-up dominates test time, so each harness run is a module-scoped fixture whose
 results several tests read. What else several test modules share is in tests/helpers.
@@ -54,10 +55,10 @@ class HarnessRun:
 
 def run_harness(run_dir: Path, *overrides: str, timeout: float = 900, env: dict | None = None,
                 device: str = "cpu", subprocess_only: bool = False) -> HarnessRun:
-    """`python -m harness hydra.run.dir=<run_dir> device=<device> <overrides>`: in this process for
-    the offline runner (the session's engines reused where they can be), else, or with an `env`
-    of its own, a value only Hydra's runtime resolves, or subprocess_only, in a subprocess
-    (timeout: its limit)."""
+    """`python -m harness hydra.run.dir=<run_dir> device=<device> <overrides>`: in this process
+    (the offline runner's engines reused where they can be), unless it has an `env` of its own, a
+    value only Hydra's runtime resolves, or subprocess_only: then in a subprocess (timeout: its
+    limit)."""
     shutil.rmtree(run_dir, ignore_errors=True)  # records append: start each test run from nothing
     if env is None and not subprocess_only:
         # the session's runs alternate between a few configurations (the edge prompts' baseline, the
@@ -65,7 +66,7 @@ def run_harness(run_dir: Path, *overrides: str, timeout: float = 900, env: dict 
         cfg = compose_config(f"device={device}", "run.keep_engine_sets=2", *overrides)
         # a value Hydra's runtime resolves (vllm_example's ${hydra:runtime.output_dir}) exists
         # only in a run from the command line
-        if cfg.runner.name == "offline" and "${hydra:" not in OmegaConf.to_yaml(cfg):
+        if "${hydra:" not in OmegaConf.to_yaml(cfg):
             return run_in_process(cfg, run_dir)
     env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     cmd = [sys.executable, "-m", "harness", f"hydra.run.dir={run_dir}", f"device={device}", *overrides]
@@ -80,8 +81,12 @@ def compose_config(*overrides: str) -> DictConfig:
 
 
 def run_in_process(cfg: DictConfig, run_dir: Path) -> HarnessRun:
-    """harness/offline/run.py's run on a composed config, its stdout and stderr captured."""
-    from harness.offline.run import run
+    """The runner's run (harness/offline/run.py, harness/serving/serve.py) on a composed config,
+    its stdout and stderr captured."""
+    if cfg.runner.name == "serve":
+        from harness.serving.serve import run
+    else:
+        from harness.offline.run import run
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
