@@ -82,9 +82,24 @@ def context(env: dict):
     start_server(env)
     if _server_env is None:
         _server_env = _engine_independent(_environ_of_server())
+    return mp.get_context("spawn" if differences(env) else "forkserver")
+
+
+def differences(env: dict) -> dict:
+    """Where a process of this environment would differ from the started server: {variable: (its
+    value, the values the server allows)} (None: unset). A variable this process added since the
+    server started, and `env` does not set, is this process's own: a library running here set it
+    (a vLLM config built here: LD_PRELOAD, VLLM_WORKER_MULTIPROC_METHOD, ...), and an engine forked
+    from the server does not inherit it."""
     mine = _engine_independent(dict(os.environ, **env))
-    same = all(mine.get(k) in (_started_env.get(k), _server_env.get(k)) for k in {*mine, *_started_env, *_server_env})
-    return mp.get_context("forkserver" if same else "spawn")
+    out = {}
+    for k in {*mine, *_started_env, *_server_env}:
+        if k not in _started_env and k not in env:
+            continue
+        values = (_started_env.get(k), _server_env.get(k))
+        if mine.get(k) not in values:
+            out[k] = (mine.get(k), values)
+    return out
 
 
 def _engine_independent(env: dict) -> dict:
@@ -160,7 +175,7 @@ def _run_module(module: str, argv: list[str], env: dict, log_path: str) -> None:
 def start_module(name: str, module: str, argv: list[str], env: dict, log_path: str) -> Forked | None:
     """`python -m module *argv` with this full environment, forked from the server; None where its
     environment needs a fresh interpreter (then start the command line itself)."""
-    ctx = context(env)
+    ctx = context({k: v for k, v in env.items() if os.environ.get(k) != v})  # what it sets otherwise than here
     if ctx.get_start_method() != "forkserver":
         return None
     process = ctx.Process(target=_run_module, name=name, args=(module, argv, env, log_path))

@@ -30,14 +30,18 @@ def test_cpu_engines_are_forked_from_a_server_that_imported_vllm_in_their_enviro
         assert _context(ENGINE_ENV).get_start_method() == "forkserver"
     assert dict(os.environ) == before  # the server started in the engine's environment, this process's unchanged
     mine = server_env()
-    assert _context(mine).get_start_method() == "forkserver"
+    assert _context(mine).get_start_method() == "forkserver", forkserver.differences(mine)
     # variables an engine reads once it runs may differ between engines of one server
     assert _context(dict(mine, GLOO_SOCKET_IFNAME="kv0", HARNESS_NETNS="ns1")).get_start_method() == "forkserver"
     # one a library reads when imported (libgomp's) differs: that engine imports vLLM itself
     assert _context(dict(mine, OMP_WAIT_POLICY="ACTIVE")).get_start_method() == "spawn"
-    # this process's environment changed since (a spawned engine would inherit the change)
-    monkeypatch.setenv("TRANSFORMERS_VERBOSITY", forkserver._server_env.get("TRANSFORMERS_VERBOSITY", "") + "x")
+    # a variable the server started with changed here since (a spawned engine would inherit it)
+    monkeypatch.setenv("PATH", os.environ["PATH"] + os.pathsep + "/nowhere")
     assert _context(mine).get_start_method() == "spawn"
+    monkeypatch.undo()
+    # one this process added since (a library's doing): the engine's environment is its own
+    monkeypatch.setenv("HARNESS_TEST_ADDED_HERE", "1")
+    assert _context(mine).get_start_method() == "forkserver"
 
 
 @pytest.mark.slow  # two imports of vLLM side by side
