@@ -33,9 +33,11 @@ NETNS_ENV = "HARNESS_NETNS"  # the network namespace an engine process enters be
 # What the server imports before it forks (their start-up without the imports); the API server's
 # modules add half a second to vLLM's eight. A run's checks import the CPU attention backend, which
 # sets a variable (AITER_SITUV2_A4W4): the server imports it too, or no engine of that run is forked.
+# harness.inductor_keys: what torch.compile looks up at an engine's first request, found once here.
 PRELOAD = ["vllm", "vllm.entrypoints.llm", "vllm.v1.engine.llm_engine", "vllm.config", "harness.engine_process",
            "harness.vllm_cli", "vllm.entrypoints.cli.main", "vllm.entrypoints.openai.api_server",
-           "vllm.entrypoints.cli.serve", "vllm.v1.engine.async_llm", "vllm.v1.attention.backends.cpu_attn"]
+           "vllm.entrypoints.cli.serve", "vllm.v1.engine.async_llm", "vllm.v1.attention.backends.cpu_attn",
+           "harness.inductor_keys"]
 # environment variables read only once a process runs (engine_env, serving's instances): they may
 # differ between processes forked from one server. Any other variable may be read when a library is
 # imported (libgomp reads OMP_WAIT_POLICY when torch loads it, huggingface_hub HF_HUB_OFFLINE when

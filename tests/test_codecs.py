@@ -15,7 +15,7 @@ from harness.records.accuracy import accuracy_cost
 from harness.records.join import codec_fields
 from harness.records.transfer_records import digests_agree, merge_ranks
 from harness.records.verdict import judge
-from tests.conftest import ROOT, SLOW
+from tests.conftest import ROOT, SLOW, cells
 from tests.helpers.kv import layer_shape, make_kv
 from transfer_strategies.codecs import Codec, CodecParams, reconstruction_error
 from transfer_strategies.connector_config import ContractError
@@ -298,15 +298,18 @@ def test_the_cuda_kernels_compile_for_hopper(kernel, fmt, per_token):
     assert not accesses["st.global.b8" if kernel == "_encode" else "ld.global.b8"]
 
 
-@SLOW  # ~25 s: every program run in Python
-def test_the_int_kernels_give_torchs_payloads_in_tritons_interpreter():
+@SLOW  # 2-4 s a codec and layout: every program run in Python
+# vLLM's CPU layout and one of FlashAttention's in make test; its other (HND) in make test-full
+@pytest.mark.parametrize("layouts", cells([("cpu", "NHD"), ("HND",)], {("cpu", "NHD")}, ids="-".join))
+def test_the_int_kernels_give_torchs_payloads_in_tritons_interpreter(layouts):
     """codec_kernel.py's int8 and int4 kernels, run by Triton's interpreter on CPU tensors, give
     the torch codec's payload byte for byte, write its float32 blocks, and the sender's check
-    kernel its torch path's checksum, digests and errors (every layout, bf16 and float32 KV; what
-    the interpreter cannot show: tests/helpers/interpreted_codecs.py). The GPU
-    check is `scripts/bench_codecs.py --check`; this one runs wherever the tests do."""
+    kernel its torch path's checksum, digests and errors (bf16 and float32 KV; what the
+    interpreter cannot show: tests/helpers/interpreted_codecs.py). The GPU check is
+    `scripts/bench_codecs.py --check`; this one runs wherever the tests do."""
     pytest.importorskip("triton")
-    run = subprocess.run([sys.executable, "-m", "tests.helpers.interpreted_codecs"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
+    run = subprocess.run([sys.executable, "-m", "tests.helpers.interpreted_codecs", *layouts], cwd=ROOT,
+                         capture_output=True, text=True, timeout=600, env={**os.environ, "TRITON_INTERPRET": "1"})
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert "int4 NHD torch.bfloat16" in run.stdout and "int8 HND torch.float32" in run.stdout
+    for layout in layouts:
+        assert f"int4 {layout} torch.bfloat16" in run.stdout and f"int8 {layout} torch.float32" in run.stdout

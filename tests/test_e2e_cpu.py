@@ -270,16 +270,17 @@ def test_negative_control_corruption_is_caught(corrupted_run):
 def test_kv_that_never_arrives_fails_the_request_within_the_transfer_timeout(results_dir):
     run = run_harness(results_dir / "e2e-never_sends", "strategy=custom", "strategy.name=never_sends",
                       "strategy.module=tests.never_sends_strategy", "strategy.connector=NeverSends",
-                      "workload=smoke", "sampling.max_tokens=4", "run.transfer_timeout_s=3")
+                      "workload=smoke", "sampling.max_tokens=4", "run.transfer_timeout_s=1",
+                      "run.warmup_requests=0")  # a warm-up would time out as well: 1 s a request
     assert run.code == 1, run.stderr[-3000:]
     s = run.summary
     assert s["status"] == "transfer_failed" and s["transfer_errors"] == s["requests"] == 4
-    assert "no KV arrived for transfer" in s["error"] and "within 3 s" in run.stderr
+    assert "no KV arrived for transfer" in s["error"] and "within 1 s" in run.stderr
     assert s["kv_blocks_in_use"] == {"prefill": 0, "decode": 0}  # the parked requests' blocks were freed
     assert not any(any(h.values()) for h in s["transfer_held"].values())  # each timed-out transfer let go
-    assert s["timings"]["disagg_s"] < 3 * 4 + 10  # each waited about the timeout, no more
+    assert s["timings"]["disagg_s"] < 1 * 4 + 10  # each waited about the timeout, not run.request_timeout_s
     rows = run.jsonl("requests.jsonl")
-    assert all("within 3 s" in r["error"] for r in rows)
+    assert all("within 1 s" in r["error"] for r in rows)
 
 
 def test_a_decode_engine_that_recomputes_the_prompt_fails_the_run(results_dir):

@@ -44,6 +44,31 @@ def test_cpu_engines_are_forked_from_a_server_that_imported_vllm_in_their_enviro
     assert _context(mine).get_start_method() == "forkserver"
 
 
+def _compile_answers_known(conn) -> None:
+    from torch._inductor import codecache, cpu_vec_isa
+
+    try:
+        codecache.torch_key.set(b"")  # refused where the value is known already
+        torch_key = False
+    except RuntimeError:
+        torch_key = True
+    conn.send((cpu_vec_isa.valid_vec_isa_list.cache_info().currsize == 1, torch_key))
+
+
+@pytest.mark.slow  # the server imports vLLM (seconds) unless an engine test started it already
+def test_a_forked_engine_finds_torch_compiles_process_wide_answers_known():
+    """vLLM's sampler compiles a function at an engine's first request with log-probabilities;
+    the CPU's vector instructions (compiler probes) and torch's source hash it looks up were
+    found once by the server (harness/inductor_keys.py), not again in every engine."""
+    ctx = _context(server_env())
+    assert ctx.get_start_method() == "forkserver"
+    mine, theirs = ctx.Pipe()
+    p = ctx.Process(target=_compile_answers_known, args=(theirs,))
+    p.start()
+    assert mine.recv() == (True, True)
+    p.join(30)
+
+
 @pytest.mark.slow  # two imports of vLLM side by side
 def test_a_runs_checks_start_the_server_and_its_engines_are_still_forked():
     """A CPU run's checks start the server before they import vLLM (engine_config.start_engine_server),

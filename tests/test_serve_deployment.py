@@ -332,11 +332,11 @@ def test_vllm_bench_serve_agrees_with_the_harness_on_the_same_load(deployment, r
     # the harness's reference pass goes through the P/D router: other instances, so that the measured
     # pass finds none of its prompts in the colocated instance's prefix cache (nor does vLLM's)
     result = crosscheck(d["router_colocated"], d["router"], d["model"], results_dir / "serve-crosscheck",
-                        n_ours=24, n_theirs=8, overrides=("device=cpu",))
+                        n_ours=12, n_theirs=4, overrides=("device=cpu",))
     write_json(results_dir / "serve-crosscheck" / "crosscheck.json", result)
     print(result)
     # every request of both clients completed (crosscheck raises where one did not), outputs as the reference's
-    assert result["outputs_match"] and result["harness_requests"] == 24 and result["vllm_requests"] == 8, result
+    assert result["outputs_match"] and result["harness_requests"] == 12 and result["vllm_requests"] == 4, result
 
 
 @pytest.mark.engine
