@@ -18,7 +18,7 @@ from omegaconf.errors import MissingMandatoryValue
 from harness import scenario
 from harness.gpu_fit import gpu_memory_gib, unfit
 from harness.scenario import ScenarioError
-from harness.settings import Settings, engine_overrides, settle, submits_early, tp_degree
+from harness.settings import Settings, engine_overrides, observed, settle, submits_early, tp_degree
 from harness.workload import Workload, build_workload
 from transfer_strategies.connector_config import ContractError, HarnessSettings, NoParams, TransportSettings, parse
 from transfer_strategies.kv_transfer_params import CORRUPT, FAULT, RECORDS
@@ -134,9 +134,10 @@ def check_settings(cfg: DictConfig) -> None:
         raise ConfigError(str(e)) from None
     check_parallelism(cfg)
     check_same_layout(cfg)
-    if not s.module and cfg.check.corrupt:
-        raise ConfigError(f"check.corrupt=true damages the KV this project's connectors move; strategy {s.name!r} "
-                          f"is vLLM's own {s.connector}, which the harness does not reach into")
+    if not s.module and cfg.check.corrupt and not observed(cfg):
+        raise ConfigError(f"check.corrupt=true damages the KV this project's connectors move, or the observer beside "
+                          f"vLLM's (an offline run of a strategy with `observed: true` and check.digests=true); "
+                          f"strategy {s.name!r} is vLLM's own {s.connector}, unobserved here")
     for key in s.params or {}:
         instead = not_a_strategy_param(key) if s.module else None
         if instead:

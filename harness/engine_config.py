@@ -5,6 +5,7 @@ kv_transfer_config, and the files and ports of the channel between the prefill a
 from __future__ import annotations
 
 import os
+import random
 import socket
 from pathlib import Path
 
@@ -14,8 +15,14 @@ from harness import PROJECT_ROOT, forkserver
 from harness.ceiling import link_ceiling_gbps
 from harness.checks import load_connector, params_type
 from harness.forkserver import NETNS_ENV
-from harness.settings import Settings, engine_overrides
-from transfer_strategies.connector_config import ConnectorConfig, HarnessSettings, TransportSettings, parse
+from harness.settings import Settings, engine_overrides, observed
+from transfer_strategies.connector_config import (
+    ConnectorConfig,
+    HarnessSettings,
+    ObserverParams,
+    TransportSettings,
+    parse,
+)
 from transfer_strategies.transport.rendezvous import SCHEME
 
 
@@ -91,7 +98,8 @@ def transfer_config(settings: Settings, engine: str, rendezvous: Path | list[Pat
     """vLLM's kv_transfer_config for the prefill or decode engine. This project's connectors get
     what the harness sets, the strategy's own params and the transport's settings in sections of
     their own (a strategy param cannot shadow a harness value); vLLM's own connectors (no
-    strategy.module) get their params as they are."""
+    strategy.module) get their params as they are, and where observed (settings.observed) go
+    first in a MultiConnector whose second is the observer (transfer_strategies/observer.py)."""
     cfg = settings.cfg
     s = cfg.strategy
     role = s.get("roles", {}).get(engine) or {"prefill": "kv_producer", "decode": "kv_consumer"}[engine]
@@ -99,23 +107,36 @@ def transfer_config(settings: Settings, engine: str, rendezvous: Path | list[Pat
     out = {"kv_connector": s.connector, "kv_role": role, "kv_connector_extra_config": params}
     if cfg.run.get("kv_load_failure_policy"):
         out["kv_load_failure_policy"] = cfg.run.kv_load_failure_policy
+    if observed(cfg):  # beside the observer, which never loads: vLLM's connector does
+        watcher = {"kv_connector": "KVObserver", "kv_connector_module_path": "transfer_strategies.observer",
+                   "kv_role": {"prefill": "kv_producer", "decode": "kv_consumer"}[engine],
+                   "kv_connector_extra_config": ConnectorConfig(
+                       harness_settings(settings, rendezvous, stats_path), TransportSettings(),
+                       ObserverParams(observed=s.connector)).to_dict()}
+        mine = {k: v for k, v in out.items() if k != "kv_load_failure_policy"}
+        return {**out, "kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [mine, watcher]}}
     if not s.module:
         return out
+    transport = parse(TransportSettings, OmegaConf.to_container(cfg.transport, resolve=True), "transport")
+    strategy = parse(params_type(load_connector(s)), params, "strategy.params")
+    out.update(kv_connector_module_path=s.module, kv_connector_extra_config=ConnectorConfig(
+        harness_settings(settings, rendezvous, stats_path), transport, strategy).to_dict())
+    return out
+
+
+def harness_settings(settings: Settings, rendezvous: Path | list[Path], stats_path: Path) -> HarnessSettings:
+    """The connectors' `harness` section (connector_config.HarnessSettings) for this run."""
+    cfg = settings.cfg
     rendezvous = [str(p) for p in rendezvous] if isinstance(rendezvous, list) else str(rendezvous)
     address = cfg.transport.get("address")
     if address:  # the prefill worker listens there, the decode worker connects (rendezvous.py)
         rendezvous = f"{SCHEME}{address}"
     prefill_tp, decode_tp = settings.tp
-    harness = HarnessSettings(
+    return HarnessSettings(
         rendezvous=rendezvous, host=address.rpartition(":")[0] if address else "127.0.0.1",
         stats_path=str(stats_path), prefill_tp=prefill_tp, decode_tp=decode_tp, verify=bool(cfg.check.digests),
         checksums=bool(cfg.check.checksums), timeout_s=float(cfg.run.transfer_timeout_s),
         startup_timeout_s=float(cfg.run.startup_timeout_s), decode_submit=settings.decode_submit)
-    transport = parse(TransportSettings, OmegaConf.to_container(cfg.transport, resolve=True), "transport")
-    strategy = parse(params_type(load_connector(s)), params, "strategy.params")
-    out.update(kv_connector_module_path=s.module,
-               kv_connector_extra_config=ConnectorConfig(harness, transport, strategy).to_dict())
-    return out
 
 
 def link_ceiling(cfg: DictConfig) -> float | str | None:
@@ -139,4 +160,32 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+_reserved: set[int] = set()  # side-channel ports this process handed out
+
+
+def side_channel_port() -> int:
+    """A port free now and below the kernel's ephemeral range, for vLLM's NIXL side channel, which
+    an engine binds seconds later: no process binding port 0 meanwhile (the engines starting beside
+    it do, for their own sockets) is given it. One from free_port() was, once: the prefill
+    engine's handshake listener found it taken, and its decode engine waited for the handshake
+    until the run's request timeout."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10000, max(low, 10001))
+        if port in _reserved:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _reserved.add(port)
+        return port
+    return free_port()
 

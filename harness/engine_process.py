@@ -44,6 +44,32 @@ def _kv_blocks_in_use(engine) -> int | None:
         return None
 
 
+def _finishing(engine) -> bool:
+    """Requests finished in the last step whose end the workers have not heard yet: one more step
+    tells them (kv_connector_no_forward), and a connector there may act on it (the observer
+    digests a finished prefill request's blocks then, transfer_strategies/observer.py)."""
+    try:
+        return bool(engine.engine_core.engine_core.scheduler.finished_req_ids)
+    except AttributeError:
+        return False
+
+
+def _settle(engine, wait_s: float = 5.0) -> None:
+    """Steps for an idle engine whose finished requests still hold blocks, until they are freed or
+    wait_s has passed. A connector may free a finished request's blocks on a later step (vLLM's
+    NIXL connector: when the decode engine's notice that it read them comes), and an idle engine
+    takes none: its blocks would look leaked, and its prefix cache could not be emptied for the
+    next run on it (vLLM refuses while a request holds blocks)."""
+    try:
+        scheduler = engine.engine_core.engine_core.scheduler
+    except AttributeError:
+        return
+    deadline = time.monotonic() + wait_s
+    while not engine.has_unfinished_requests() and scheduler.has_finished_requests() and time.monotonic() < deadline:
+        engine.step()
+        time.sleep(0.01)
+
+
 def _worker_held(_worker=None) -> dict | None:
     """What the connector worker of this process holds (None: not one of this project's)."""
     from vllm.distributed.kv_transfer import get_kv_transfer_group, has_kv_transfer_group
@@ -127,7 +153,7 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
         live: set[str] = set()  # submitted, not reported done
         aborted: set[str] = set()  # reported done when aborted: vLLM's later output for them is dropped
         while True:
-            busy = engine.has_unfinished_requests()
+            busy = engine.has_unfinished_requests() or _finishing(engine)
             while conn.poll(0 if busy else 0.2):
                 cmd, *args = conn.recv()
                 if cmd == "stop":
@@ -135,10 +161,12 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
                     sys.stdout.flush()
                     os._exit(0)
                 if cmd == "usage":
+                    _settle(engine)
                     conn.send(("usage", {"kv_blocks_in_use": _kv_blocks_in_use(engine),
                                          "transfer_held": _transfer_held(engine)}))
                     continue
                 if cmd == "reset_prefix_cache":  # between passes over the same prompts
+                    _settle(engine)
                     conn.send(("reset_prefix_cache", {"ok": bool(engine.reset_prefix_cache())}))
                     continue
                 if cmd == "abort":  # as a client going away would: vLLM frees what the request holds

@@ -62,6 +62,21 @@ def pulls(strategy: DictConfig) -> bool:
     return strategy.get("handoff", "push") == "pull"
 
 
+def observed(cfg: DictConfig) -> bool:
+    """Whether vLLM's own connector of this run is composed with the observer, which digests the
+    KV it moves on both engines (transfer_strategies/observer.py): a strategy YAML's
+    `observed: true`, with check.digests on, offline (the router does not yet give a pull
+    handoff's requests a transfer id)."""
+    return (not cfg.strategy.module and bool(cfg.strategy.get("observed")) and bool(cfg.check.digests)
+            and cfg.runner.name == "offline")
+
+
+def writes_records(cfg: DictConfig) -> bool:
+    """Whether every transfer of this run has transfer and compute records: this project's
+    connectors, or vLLM's with the observer."""
+    return bool(cfg.strategy.module) or observed(cfg)
+
+
 def decode_submit(cfg: DictConfig) -> str:
     """run.decode_submit as it applies to this strategy: "early" or "after_prefill"."""
     return cfg.run.get("decode_submit") or ("early" if submits_early(cfg.strategy) else "after_prefill")

@@ -125,6 +125,8 @@ def test_vllm_example_with_a_prompt_under_one_block(tmp_path):
     (["strategy=per_request_blocks", "strategy.params.granularity=x"],
      ["strategy.params.granularity must be one of 'layer', 'block'", "'x'"]),
     (["strategy=vllm_example", "check.corrupt=true", "workload=synthetic"], ["check.corrupt", "ExampleConnector"]),
+    # the observer that would damage NIXL's KV digests it: not there without digests
+    (["strategy=vllm_nixl", "check.corrupt=true", "check.digests=false"], ["check.corrupt", "unobserved here"]),
     (["model=hf"], ["model.path has no value"]),
     (["strategy=vllm_nixl", "run.decode_submit=early"], ["run.decode_submit=early", "after_prefill"]),
     (["run.decode_submit=later"], ["run.decode_submit must be early, after_prefill or null", "'later'"]),

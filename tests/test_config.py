@@ -21,7 +21,7 @@ from harness.engine_config import transfer_config
 from harness.resolvers import built_in_strategies
 from harness.settings import settle
 from tests.helpers.config import compose_job
-from transfer_strategies.connector_config import TransportSettings
+from transfer_strategies.connector_config import ConnectorConfig, ObserverParams, TransportSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -268,9 +268,27 @@ def test_a_fault_scenario_reaches_the_requests_and_vllms_failure_policy_both_eng
 
 
 def test_vllm_connectors_get_their_params_flat(tmp_path):
-    cfg = compose_job(["strategy=vllm_nixl"])
+    cfg = compose_job(["strategy=vllm_nixl", "check.digests=false"])
     kv = transfer_config(settle(cfg, "cpu"), "prefill", tmp_path / "p", tmp_path / "s")
     assert kv == {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_connector_extra_config": {}}
+
+
+def test_an_observed_vllm_connector_goes_first_beside_the_observer(tmp_path):
+    """strategy=vllm_nixl with check.digests (the default), offline: vLLM's MultiConnector loads
+    through NIXL (first, its params flat as above) and calls the observer beside it, which takes
+    this project's harness section and writes the records as the side it is on."""
+    cfg = compose_job(["strategy=vllm_nixl"])
+    for engine, role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
+        kv = transfer_config(settle(cfg, "cpu"), engine, tmp_path / "p", tmp_path / engine)
+        nixl, observer = kv["kv_connector_extra_config"]["connectors"]
+        assert kv["kv_connector"] == "MultiConnector" and kv["kv_role"] == "kv_both"
+        assert nixl == {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_connector_extra_config": {}}
+        assert observer["kv_connector"] == "KVObserver" and observer["kv_role"] == role
+        config = ConnectorConfig.parse(observer["kv_connector_extra_config"], ObserverParams)
+        assert config.strategy.observed == "NixlConnector" and config.harness.stats_path == str(tmp_path / engine)
+    serving = compose_job(["strategy=vllm_nixl", "runner=serve"])  # the router gives pulls no transfer id yet
+    assert transfer_config(settle(serving, "cpu"), "decode", tmp_path / "p", tmp_path / "s")["kv_connector"] == \
+        "NixlConnector"
 
 
 @pytest.mark.parametrize("overrides,message", [

@@ -30,6 +30,9 @@ def test_engines_are_shared_by_runs_whose_engines_are_configured_the_same(tmp_pa
     other = keys(tmp_path, "e", "engine.block_size=64")  # every engine's
     assert other["baseline"] != first["baseline"] and other["disagg"] != first["disagg"]
     assert keys(tmp_path, "f", "strategy=layerwise")["disagg"] != first["disagg"]
+    # vLLM's NIXL connector with the observer: a side-channel port and records paths per run, one pair
+    nixl = keys(tmp_path, "h", "strategy=vllm_nixl")
+    assert keys(tmp_path, "i", "strategy=vllm_nixl", "check.corrupt=true") == nixl and nixl["disagg"] != first["disagg"]
 
 
 class StubEngine:

@@ -84,7 +84,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from transfer_strategies.clock import DeviceTimer
 from transfer_strategies.codecs import Codec
-from transfer_strategies.connector_config import ConnectorConfig, NoParams
+from transfer_strategies.connector_config import ConnectorConfig, HarnessSettings, NoParams
 from transfer_strategies.connector_stats import TransferCounts, TransferPromMetrics
 from transfer_strategies.faults import TransferFault
 from transfer_strategies.kv_blocks import KVBlocks
@@ -99,6 +99,20 @@ if TYPE_CHECKING:
     from vllm.v1.core.sched.output import SchedulerOutput
 
 __all__ = ["TransferConnector", "TransferRequest"]
+
+
+def engine_placement(vllm_config: VllmConfig, harness: HarnessSettings, is_producer: bool) -> Placement:
+    """This worker's rank and both engines' TP degrees (the other engine's from the harness), and
+    the model's KV heads."""
+    from vllm.distributed.parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+
+    tp = get_tensor_model_parallel_world_size()
+    p, d = harness.prefill_tp, harness.decode_tp
+    side, said = ("prefill", p) if is_producer else ("decode", d)
+    if said != tp:
+        raise RuntimeError(f"the harness says the {side} engine has tensor_parallel_size={said}, this engine has {tp}")
+    model = vllm_config.model_config
+    return Placement(get_tensor_model_parallel_rank(), p, d, model.get_total_num_kv_heads(), is_producer)
 
 
 class TransferConnector(KVConnectorBase_V1):
@@ -224,19 +238,7 @@ class TransferConnector(KVConnectorBase_V1):
             self.worker.use_codec(Codec(self.codec, self.params).attach(self.kv, self.block_size, head_size))
 
     def _placement(self) -> Placement:
-        """This worker's rank and both engines' TP degrees (the other engine's from the harness),
-        and the model's KV heads."""
-        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
-
-        tp = get_tensor_model_parallel_world_size()
-        h = self.worker.harness
-        p, d = h.prefill_tp, h.decode_tp
-        side, said = ("prefill", p) if self.is_producer else ("decode", d)
-        if said != tp:
-            raise RuntimeError(f"the harness says the {side} engine has tensor_parallel_size={said}, "
-                               f"this engine has {tp}")
-        model = self._vllm_config.model_config
-        return Placement(get_tensor_model_parallel_rank(), p, d, model.get_total_num_kv_heads(), self.is_producer)
+        return engine_placement(self._vllm_config, self.worker.harness, self.is_producer)
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         """Before every step's forward pass (start_load_kv may come after it: vLLM 0.32 starts

@@ -81,6 +81,13 @@ class NoParams:
 
 
 @dataclass(frozen=True)
+class ObserverParams:
+    """The observer's (observer.py) `strategy` section: the connector it watches."""
+
+    observed: str = ""  # that connector's class name, written in the records' strategy field
+
+
+@dataclass(frozen=True)
 class ConnectorConfig:
     harness: HarnessSettings
     transport: TransportSettings

@@ -142,6 +142,22 @@ def single_group(block_ids):
     return block_ids[0]
 
 
+def count_computed(accounts: dict[str, ComputeRecord], out) -> None:
+    """Add the prompt tokens each request's step computes, as vLLM scheduled them (`out`: its
+    SchedulerOutput), to the request's compute record in `accounts` (req id -> record)."""
+    steps = [(new.req_id, new.num_computed_tokens, True) for new in out.scheduled_new_reqs]
+    cached = out.scheduled_cached_reqs
+    steps += [(rid, cached.num_computed_tokens[i], False) for i, rid in enumerate(cached.req_ids)]
+    for rid, done, new in steps:
+        account = accounts.get(rid)
+        if account is None:
+            continue
+        if new and account.cached_tokens is None:
+            account.cached_tokens = done
+        n = out.num_scheduled_tokens.get(rid, 0)
+        account.computed_tokens += max(min(done + n, account.prompt_tokens) - done, 0)
+
+
 class RequestTracker:
     """The scheduler side's state: prefill requests whose KV has not left yet, and decode
     requests whose blocks were allocated since the last step or that wait for their KV."""
@@ -211,25 +227,11 @@ class RequestTracker:
                                                 rid, len(request.prompt_token_ids))
         return self._computed[rid]
 
-    def _count_computed(self, out) -> None:
-        """Add the prompt tokens each request's step computes, as vLLM scheduled them."""
-        steps = [(new.req_id, new.num_computed_tokens, True) for new in out.scheduled_new_reqs]
-        cached = out.scheduled_cached_reqs
-        steps += [(rid, cached.num_computed_tokens[i], False) for i, rid in enumerate(cached.req_ids)]
-        for rid, done, new in steps:
-            account = self._computed.get(rid)
-            if account is None:
-                continue
-            if new and account.cached_tokens is None:
-                account.cached_tokens = done
-            n = out.num_scheduled_tokens.get(rid, 0)
-            account.computed_tokens += max(min(done + n, account.prompt_tokens) - done, 0)
-
     def step_metadata(self, scheduler_output) -> TransferMetadata:
         meta, self._next = self._next, TransferMetadata()
         now = time.monotonic()
         meta.idle = not getattr(scheduler_output, "total_num_scheduled_tokens", 1)
-        self._count_computed(scheduler_output)
+        count_computed(self._computed, scheduler_output)
         if self.is_producer:
             meta.sends, meta.chunks = self._ready_sends(scheduler_output)
             return meta

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from harness.engine_config import channel_files, engine_args, engine_env, free_port, transfer_config
+from harness.engine_config import channel_files, engine_args, engine_env, side_channel_port, transfer_config
 from harness.engine_process import EngineDied, EngineProcess, wait_ready
 from harness.link import VethLink
 from harness.offline.engine_pool import EnginePool, engine_key
@@ -21,7 +21,7 @@ from harness.offline.pipeline import pipeline
 from harness.records.files import write_json
 from harness.records.transfer_records import TransferStats
 from harness.scenario import Abort, fault_for
-from harness.settings import Settings, pulls
+from harness.settings import Settings, pulls, writes_records
 from harness.workload import Prompt, Workload
 from transfer_strategies.kv_transfer_params import push_params
 from transfer_strategies.transport import remove_leftovers
@@ -64,18 +64,22 @@ def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_r
       decode request of the negative control asks for its KV to be damaged on arrival (corrupt), a
       prefill request of a fault scenario for its transfer to be faulted (fault: fault_for).
     pull (vLLM's NixlConnector): the prefill request asks the engine to keep the KV for a remote
-      decode; the engine answers where it is, and the decode request carries that answer."""
+      decode; the engine answers where it is, and the decode request carries that answer. Both
+      carry the transfer id and records file too, for the observer beside the connector
+      (settings.observed; vLLM's connector reads only its own keys), and the decode request the
+      negative control's ask."""
+    decode = stage == "decode"
+    mine = push_params(transfer_id, early=decode and early, records=str(records) if records else None,
+                       corrupt=decode and corrupt, fault=None if decode else fault)
     if not pulls(strategy):
-        decode = stage == "decode"
-        return push_params(transfer_id, early=decode and early, records=str(records) if records else None,
-                           corrupt=decode and corrupt, fault=None if decode else fault)
+        return mine
     if stage == "prefill":
-        return {"do_remote_decode": True}
+        return {"do_remote_decode": True, **mine}
     params = (prefill_result or {}).get("kv_transfer_params")
     if not params:
         raise EngineDied(f"the prefill engine returned no kv_transfer_params for {transfer_id}: "
                          f"strategy {strategy.name!r} cannot hand the request to the decode engine")
-    return params
+    return {**params, **mine}
 
 
 # the engines kept and reused together (offline/engine_pool.py): the P/D pair shares its channel
@@ -118,7 +122,7 @@ class OfflineDeployment:
         env = engine_env(self.settings.cfg, self.settings.device, self.specs[name][1], name)
         if name != "baseline" and self.settings.pulls:
             # vLLM's NIXL connector listens on a side channel per engine for the handshake
-            env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
+            env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_channel_port()))
         return env
 
     def _start(self, *slots: str) -> list[EngineProcess]:
@@ -209,7 +213,7 @@ class OfflineDeployment:
 
     def transfer_stats(self) -> TransferStats:
         """A reader of the prefill and decode engines' transfer and compute records."""
-        return TransferStats(*self.stats_paths, tp=self.settings.tp, expected=bool(self.cfg.strategy.module))
+        return TransferStats(*self.stats_paths, tp=self.settings.tp, expected=writes_records(self.cfg))
 
     def usage(self) -> tuple[dict, dict]:
         """The prefill and decode engines' KV blocks in use and what their connector workers hold,

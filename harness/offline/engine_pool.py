@@ -29,19 +29,32 @@ from dataclasses import dataclass
 from harness.engine_process import EngineProcess
 from transfer_strategies.connector_config import RUN_PATHS
 
+# what names the run that started an engine, not how it is configured: vLLM's NIXL side channel
+# (a port chosen per run; the harness hands it to nothing else)
+RUN_ENV = ("VLLM_NIXL_SIDE_CHANNEL_PORT",)
+
 
 def engine_key(specs: list[tuple[dict, dict, int]]) -> str:
-    """The key of a set of engines: [(vllm arguments, environment, gpu)] of each."""
+    """The key of a set of engines: [(vllm arguments, environment, gpu)] of each, less what names
+    the run that started them (connector_config.RUN_PATHS, RUN_ENV)."""
     out = []
     for args, env, gpu in specs:
         args = dict(args)
-        kv = args.get("kv_transfer_config")
-        if isinstance(kv, dict) and isinstance((kv.get("kv_connector_extra_config") or {}).get("harness"), dict):
-            extra = dict(kv["kv_connector_extra_config"])
-            extra["harness"] = {k: v for k, v in extra["harness"].items() if k not in RUN_PATHS}
-            args["kv_transfer_config"] = dict(kv, kv_connector_extra_config=extra)
+        if isinstance(args.get("kv_transfer_config"), dict):
+            args["kv_transfer_config"] = _without_run_paths(args["kv_transfer_config"])
+        env = {k: v for k, v in env.items() if k not in RUN_ENV}
         out.append({"args": args, "env": env, "gpu": gpu})
     return json.dumps(out, sort_keys=True, default=str)
+
+
+def _without_run_paths(kv: dict) -> dict:
+    """A kv_transfer_config without the harness's run paths, in vLLM's MultiConnector's connectors too."""
+    extra = dict(kv.get("kv_connector_extra_config") or {})
+    if isinstance(extra.get("harness"), dict):
+        extra["harness"] = {k: v for k, v in extra["harness"].items() if k not in RUN_PATHS}
+    if isinstance(extra.get("connectors"), list):
+        extra["connectors"] = [_without_run_paths(c) if isinstance(c, dict) else c for c in extra["connectors"]]
+    return dict(kv, kv_connector_extra_config=extra)
 
 
 @dataclass

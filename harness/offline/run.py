@@ -94,7 +94,7 @@ def _run(cfg: DictConfig, run_dir: Path, link: VethLink | None = None) -> int:
         timings["startup_s"] += deployment.start_disagg()
         disagg_passes(cfg, deployment, workload, rows, timings)
         # every request has finished: a block still held is a leak (a parked request never released)
-        # vLLM's pull connector frees the prefill's blocks on a later step (not waited for: reported)
+        # (vLLM's pull connector frees the prefill's blocks on a later step: the engine steps for it, usage)
         kv_in_use, transfer_held = deployment.usage()
         if all(v == 0 for v in kv_in_use.values()) and not any(h and any(h.values()) for h in transfer_held.values()):
             reusable.add("disagg")

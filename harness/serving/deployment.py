@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness import process_group
-from harness.engine_config import engine_args, engine_env, free_port, transfer_config
+from harness.engine_config import engine_args, engine_env, side_channel_port, transfer_config
 from harness.records.files import write_json
 from harness.serving.instances import InstanceDied, ServerProcess, router_process, vllm_instance
 from harness.settings import Settings, first_gpu, instance_counts
@@ -74,7 +74,8 @@ class ServingDeployment:
                 gpu = first_gpu(settings, role, i)
                 env = engine_env(settings.cfg, device, gpu if device != "cuda" else gpu % gpu_count())
                 if name in kv and settings.pulls:  # vLLM's NIXL handshake: a side channel per engine
-                    env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(free_port()))
+                    env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
+                               VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_channel_port()))
                 kv_args = {"kv_transfer_config": kv[name]} if name in kv else {}
                 self.servers[name] = vllm_instance(name, {**engine_args(settings, role), **kv_args}, env,
                                                    run_dir / f"{name}.log")
