@@ -65,10 +65,8 @@ def pulls(strategy: DictConfig) -> bool:
 def observed(cfg: DictConfig) -> bool:
     """Whether vLLM's own connector of this run is composed with the observer, which digests the
     KV it moves on both engines (transfer_strategies/observer.py): a strategy YAML's
-    `observed: true`, with check.digests on, offline (the router does not yet give a pull
-    handoff's requests a transfer id)."""
-    return (not cfg.strategy.module and bool(cfg.strategy.get("observed")) and bool(cfg.check.digests)
-            and cfg.runner.name == "offline")
+    `observed: true`, with check.digests on."""
+    return not cfg.strategy.module and bool(cfg.strategy.get("observed")) and bool(cfg.check.digests)
 
 
 def writes_records(cfg: DictConfig) -> bool:

@@ -12,7 +12,9 @@ is the connectors' business; the router only carries what ties the two requests 
   several decode instances the prefill request also names the one chosen (its place in the
   --decode list, which must be the order of each prefill instance's KV channels).
 - pull (vLLM's NixlConnector): the prefill request asks the instance to keep the KV for a remote
-  decode (do_remote_decode); its answer's kv_transfer_params go with the decode request.
+  decode (do_remote_decode); its answer's kv_transfer_params go with the decode request. Both
+  carry the transfer id too, for the observer beside vLLM's connector (transfer_strategies/observer.py),
+  which NIXL does not read.
 With several instances per side it picks by round robin, by fewest outstanding requests, or by
 the prompt's first tokens (prefix_hash: a shared prefix meets its prefix cache), each side its own.
 Without prefill instances it is a plain load balancer over the others (colocated instances
@@ -160,9 +162,8 @@ class Router:
         self.decode = Pool(decode, policy)
         self.handoff, self.decode_submit = handoff, decode_submit
         self.stream_prefill_token = stream_prefill_token
-        self.corrupt = corrupt  # the negative control: every decode request asks for its KV damaged
-        if corrupt and handoff == "pull":
-            raise ValueError("--corrupt damages the KV this project's connectors move: a push handoff")
+        # the negative control: every decode request asks for its KV damaged (pull: by the observer)
+        self.corrupt = corrupt
         # no progress (connecting, or between two reads) for timeout_s: a stream may last longer
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
         self.session: aiohttp.ClientSession | None = None
@@ -172,7 +173,7 @@ class Router:
         """d_url: the decode instance this request's decode half goes to; a push prefill instance
         sends the KV there (its place among --decode: the prefill worker's channels are in that order)."""
         if self.handoff == "pull":
-            params = {"do_remote_decode": True}
+            params = {"do_remote_decode": True, **push_params(transfer_id)}
         else:
             peer = self.decode.urls.index(d_url) if d_url is not None and len(self.decode.urls) > 1 else None
             params = push_params(transfer_id, fault=fault, peer=peer)
@@ -186,6 +187,7 @@ class Router:
             params = (prefill_answer or {}).get("kv_transfer_params")
             if not params:
                 raise web.HTTPBadGateway(text="the prefill instance returned no kv_transfer_params")
+            params = {**params, **push_params(transfer_id, corrupt=self.corrupt)}
         else:
             params = push_params(transfer_id, early=self.decode_submit == "early", corrupt=self.corrupt)
         return {**body, "kv_transfer_params": params}
@@ -378,7 +380,8 @@ def argument_parser() -> argparse.ArgumentParser:
     ap.add_argument("--stream-prefill-token", action="store_true",
                     help="stream the prefill instance's token at once (the decode instance's duplicate is dropped)")
     ap.add_argument("--corrupt", action="store_true",
-                    help="the negative control: every decode instance damages the KV it receives (digests must fail)")
+                    help="the negative control: every decode instance damages the KV it receives (digests must fail; "
+                         "pull: the observer beside vLLM's connector does)")
     return ap
 
 
