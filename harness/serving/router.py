@@ -12,9 +12,8 @@ is the connectors' business; the router only carries what ties the two requests 
   several decode instances the prefill request also names the one chosen (its place in the
   --decode list, which must be the order of each prefill instance's KV channels).
 - pull (vLLM's NixlConnector): the prefill request asks the instance to keep the KV for a remote
-  decode (do_remote_decode); its answer's kv_transfer_params go with the decode request. Both
-  carry the transfer id too, for the observer beside vLLM's connector (transfer_strategies/observer.py),
-  which NIXL does not read.
+  decode (do_remote_decode); its answer's kv_transfer_params go with the decode request, both
+  with the transfer id for the observer beside NIXL (transfer_strategies/observer.py).
 With several instances per side it picks by round robin, by fewest outstanding requests, or by
 the prompt's first tokens (prefix_hash: a shared prefix meets its prefix cache), each side its own.
 Without prefill instances it is a plain load balancer over the others (colocated instances
@@ -379,9 +378,8 @@ def argument_parser() -> argparse.ArgumentParser:
                     help="an upstream instance that makes no progress for this long fails the request")
     ap.add_argument("--stream-prefill-token", action="store_true",
                     help="stream the prefill instance's token at once (the decode instance's duplicate is dropped)")
-    ap.add_argument("--corrupt", action="store_true",
-                    help="the negative control: every decode instance damages the KV it receives (digests must fail; "
-                         "pull: the observer beside vLLM's connector does)")
+    ap.add_argument("--corrupt", action="store_true", help="the negative control: every decode instance damages "
+                    "the KV it receives, digests must fail (pull: the observer beside NIXL does)")
     return ap
 
 
