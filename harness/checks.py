@@ -136,7 +136,7 @@ def check_settings(cfg: DictConfig) -> None:
     check_same_layout(cfg)
     if not s.module and cfg.check.corrupt and not observed(cfg):
         raise ConfigError(f"check.corrupt=true damages the KV this project's connectors move, or the observer beside "
-                          f"vLLM's (an offline run of a strategy with `observed: true` and check.digests=true); "
+                          f"vLLM's (a strategy with `observed: true`, and check.digests=true); "
                           f"strategy {s.name!r} is vLLM's own {s.connector}, unobserved here")
     for key in s.params or {}:
         instead = not_a_strategy_param(key) if s.module else None
