@@ -239,11 +239,11 @@ def test_faults_count_as_caught_when_the_request_failed_or_was_recomputed_right(
     assert "faults_injected" not in summarize([_request_row(match=True)])
 
 
-def test_a_receive_record_that_comes_late_is_waited_for_when_the_kv_was_sent(tmp_path):
-    """A decode worker writes its record off the engine's step: under TP on the 2-core machine one
-    came more than 1 s after its request ended, and the transfer went unjudged. Once the prefill
-    sent bytes and the decode request took its KV, the record must come: it is waited for; an
-    aborted request's (none may come) is not waited for past 1 s."""
+def test_records_that_come_late_are_waited_for_when_the_kv_was_sent(tmp_path):
+    """A worker writes its record off the engine's step: under TP on the 2-core machine a decode
+    worker's came more than 1 s after its request ended, a prefill worker's 3.4 s after, and the
+    transfer went unjudged. Once the decode request took its KV, both must come: they are waited
+    for; an aborted request's receive record (none may come) is not waited for past 1 s."""
     import threading
     import time
 
@@ -257,6 +257,13 @@ def test_a_receive_record_that_comes_late_is_waited_for_when_the_kv_was_sent(tmp
     t0 = time.monotonic()
     send, recv, agree = stats.take_transfer("late")
     assert recv is not None and agree is True and 1.9 < time.monotonic() - t0 < 10
+
+    def both():
+        TransferRecordWriter(sends).write(_record("send", "late_send", digests={"all": ["bb"]}))
+        TransferRecordWriter(receives).write(_record("receive", "late_send", digests={"all": ["bb"]}))
+    threading.Timer(1.5, both).start()
+    send, recv, agree = stats.take_transfer("late_send")
+    assert send is not None and recv is not None and agree is True
     t0 = time.monotonic()
     assert stats.take_transfer("aborted", received=False)[1] is None and time.monotonic() - t0 < 2
 

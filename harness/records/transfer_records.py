@@ -193,11 +193,13 @@ class TransferStats:
                       ) -> tuple[TransferRecord | None, TransferRecord | None, bool | None]:
         """Both sides' records, each merged over its engine's workers, and whether the decode
         workers hold what the prefill workers sent, head by head (records.digests_agree).
-        received: the decode request ended having taken its KV (not aborted), so once the prefill
-        workers sent bytes a receive record must come: it is waited for up to RECEIVE_WAIT_S, not
-        1 s (on the 2-core machine under TP a decode worker's record once came later than 1 s
-        after its request ended, and the transfer went unjudged)."""
-        sends = self._take(transfer_id, "send", 1.0)
+        received: the decode request ended having taken its KV (not aborted), so with this
+        project's connectors the prefill workers' send records must come, and once they sent
+        bytes a receive record too: each is waited for up to RECEIVE_WAIT_S, not 1 s (on the
+        2-core machine under TP a decode worker's record once came later than 1 s after its
+        request ended, and a prefill worker's record of a one-block prompt 3.4 s after: both
+        transfers went unjudged)."""
+        sends = self._take(transfer_id, "send", RECEIVE_WAIT_S if received and self.expected else 1.0)
         must_come = received and self.expected and any(s.bytes and not s.error for s in sends)
         receives = self._take(transfer_id, "receive", RECEIVE_WAIT_S if must_come else 1.0)
         return (merge_ranks(sends) if sends else None, merge_ranks(receives) if receives else None,
