@@ -215,8 +215,12 @@ def test_vllm_example_connector_on_multi_block_prompts(results_dir):
     then reads files another request is still writing), and on the edge-case prompts above its
     prefill engine dies (IndexError in vLLM's _prepare_inputs; vLLM 0.32, CPU): it runs on
     prompts of several blocks."""
-    run = run_harness(results_dir / "e2e-vllm_example", "strategy=vllm_example", "workload=synthetic",
-                      "workload.prompt_len=100", "workload.num_prompts=4", "sampling.max_tokens=8")
+    run_dir = results_dir / "e2e-vllm_example"
+    # its files' folder named outright (the YAML's names the run directory through Hydra's runtime,
+    # which exists only in a run from the command line): the run goes in this process
+    run = run_harness(run_dir, "strategy=vllm_example", f"strategy.params.shared_storage_path={run_dir}/kv",
+                      "workload=synthetic", "workload.prompt_len=100", "workload.num_prompts=4",
+                      "sampling.max_tokens=8")
     assert run.code == 0, run.stderr[-3000:]
     assert run.summary["match_rate"] == 1.0 and run.summary["requests"] == 4
 
