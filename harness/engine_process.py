@@ -34,6 +34,9 @@ class EngineDied(RuntimeError):
     pass
 
 
+CONNECTOR_STEP_S = 0.002
+
+
 def _kv_blocks_in_use(engine) -> int | None:
     """KV blocks some request holds (cached blocks no request holds are free): 0 when the engine
     is idle and nothing leaked. None where vLLM's internals differ (they are not an API)."""
@@ -52,6 +55,18 @@ def _finishing(engine) -> bool:
         return bool(engine.engine_core.engine_core.scheduler.finished_req_ids)
     except AttributeError:
         return False
+
+
+def _has_work(engine) -> bool:
+    """Whether vLLM's own engine loop would step now (EngineCore.has_work: the scheduler's
+    has_requests): unfinished requests, finished ones whose blocks a connector still holds (vLLM's
+    NIXL prefill until the decode engine read them, this project's until sent), a connector's
+    push work in flight (NixlPushConnector's WRITEs, which its worker issues at a step). Where a
+    vLLM lacks has_requests: unfinished requests and those finished in the last step."""
+    try:
+        return bool(engine.engine_core.engine_core.scheduler.has_requests())
+    except AttributeError:
+        return engine.has_unfinished_requests() or _finishing(engine)
 
 
 def _settle(engine, wait_s: float = 5.0) -> None:
@@ -153,8 +168,11 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
         live: set[str] = set()  # submitted, not reported done
         aborted: set[str] = set()  # reported done when aborted: vLLM's later output for them is dropped
         while True:
-            busy = engine.has_unfinished_requests() or _finishing(engine)
-            while conn.poll(0 if busy else 0.2):
+            unfinished = engine.has_unfinished_requests()
+            busy = unfinished or _has_work(engine)
+            # with only a connector's work left, a step every CONNECTOR_STEP_S: the cores are the
+            # other engines' meanwhile (vLLM's own loop steps without a pause)
+            while conn.poll(0 if unfinished else CONNECTOR_STEP_S if busy else 0.2):
                 cmd, *args = conn.recv()
                 if cmd == "stop":
                     # vLLM's own teardown can take many seconds; the parent kills the group anyway
@@ -182,9 +200,9 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
                                         "finish_reason": "abort", "kv_transfer_params": None}))
                     continue
                 req_id, token_ids, sampling = args
-                # a request id comes back in every pass and every run on a kept engine (prefill-4):
-                # vLLM emits nothing more for an aborted one, so its entry would drop the new one's
-                # outputs (an aborts run's prefill-4 hung the next run's, 300 s, once in three)
+                # a request id comes back in every pass and every run on a kept baseline engine (its
+                # prompt's index): vLLM emits nothing more for an aborted one, so its entry would drop
+                # the new one's outputs (an aborts run's request 4 hung the next run's, 300 s, once in three)
                 aborted.discard(req_id)
                 engine.add_request(req_id, {"prompt_token_ids": token_ids}, SamplingParams(**sampling))
                 live.add(req_id)

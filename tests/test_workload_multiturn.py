@@ -88,7 +88,7 @@ class FakeEngine:
     def submit(self, req_id, token_ids, sampling):
         self.held.append(req_id)
         self.submitted.append((req_id, list(token_ids)))
-        self.held_at_submit.append([int(r.split("-")[1]) for r in self.held])
+        self.held_at_submit.append([int(r) for r in self.held])  # a request's id: its prompt's index
 
 
 def test_the_pipeline_sends_a_turn_after_its_previous_turn_finished_interleaving_conversations(monkeypatch):
@@ -107,12 +107,12 @@ def test_the_pipeline_sends_a_turn_after_its_previous_turn_finished_interleaving
         w.answered(p, results[0]["token_ids"])  # as the baseline pass does
     pipeline([[(engine, lambda p, r: {})]], w, 10, on_finish)
     assert sorted(finished) == list(range(len(w.prompts)))
-    order = {int(rid.split("-")[1]): n for n, (rid, _) in enumerate(engine.submitted)}
+    order = {int(rid): n for n, (rid, _) in enumerate(engine.submitted)}
     for p in w.prompts:
         if p.turn:
             assert finished.index(p.follows) < order[p.index]  # sent once its previous turn had finished
     for rid, ids in engine.submitted:
-        assert ids == w.prompts[int(rid.split("-")[1])].token_ids and ids  # built before it was sent
+        assert ids == w.prompts[int(rid)].token_ids and ids  # built before it was sent
     in_flight = [[w.prompts[i].conversation for i in held] for held in engine.held_at_submit]
     assert max(map(len, in_flight)) == 2 and all(len(set(c)) == len(c) for c in in_flight)  # one turn each
     assert in_flight[:2] == [[0], [0, 1]]  # workload.concurrency conversations at once, interleaved

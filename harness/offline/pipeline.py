@@ -30,7 +30,7 @@ class _InFlight:
 
 def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]], dict]]]], workload: Workload,
              timeout_s: float, on_finish: Callable[[Prompt, float, list[dict]], None], phase: str = "",
-             aborts: dict[int, Abort] | None = None) -> None:
+             aborts: dict[int, Abort] | None = None, request_id: Callable[[Prompt], str] | None = None) -> None:
     """Run every prompt through the stages in order, with up to `workload.concurrency` prompts in
     flight. A stage is one or more (engine, sampling) requests submitted together; the next stage
     starts when all of them have finished, and its sampling parameters may use the earlier
@@ -38,19 +38,22 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
     an aborted one's finish_reason is "abort"). aborts: prompt index -> when (after the prompt's
     first submission) to abort its requests on which engines, if they are still running then.
     A prompt that follows another (a conversation's next turn) waits until that one has finished
-    in this pass, on_finish included (which may build its token ids: Workload.answered)."""
+    in this pass, on_finish included (which may build its token ids: Workload.answered).
+    request_id: a prompt's requests' id on every engine (default: its index); vLLM's NIXL push
+    connector pairs a prefill request with its decode request by id, as vLLM's proxy sends one."""
     waiting = list(workload.prompts)
     finished: set[int] = set()
     flights: list[_InFlight] = []
-    active: dict[str, tuple[_InFlight, int, float]] = {}  # request id -> its prompt, result index, submitted at
+    # (engine name, request id) -> its prompt, result index, submitted at
+    active: dict[tuple[str, str], tuple[_InFlight, int, float]] = {}
     engines = list({id(e): e for stage in stages for e, _ in stage}.values())
     first_slot = [sum(len(s) for s in stages[:i]) for i in range(len(stages))]
 
     def submit(f: _InFlight) -> None:
         f.pending = len(stages[f.stage])
         for j, (engine, sampling) in enumerate(stages[f.stage]):
-            rid = f"{engine.name}-{f.prompt.index}"
-            active[rid] = (f, first_slot[f.stage] + j, time.monotonic())
+            rid = request_id(f.prompt) if request_id else str(f.prompt.index)
+            active[engine.name, rid] = (f, first_slot[f.stage] + j, time.monotonic())
             engine.submit(rid, f.prompt.token_ids, sampling(f.prompt, f.results))
 
     due: list[tuple[float, _InFlight, Abort]] = []  # aborts not yet sent
@@ -60,10 +63,9 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
         for item in [d for d in due if d[0] <= now]:
             due.remove(item)
             _, f, abort = item
-            for rid, (g, _, _) in list(active.items()):
-                engine = next(e for e in engines if rid.startswith(f"{e.name}-"))
-                if g is f and engine.name in abort.engines:
-                    engine.abort(rid)
+            for (name, rid), (g, _, _) in list(active.items()):
+                if g is f and name in abort.engines:
+                    next(e for e in engines if e.name == name).abort(rid)
 
     # live on one line in a terminal; in logs and CI a line every 10 s
     progress = tqdm(total=len(workload.prompts), desc=phase or "+".join(e.name for e in engines), unit="req",
@@ -86,12 +88,12 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
             send_aborts()
             if not events and time.monotonic() - last_progress > timeout_s:
                 raise EngineDied(f"no request finished for {timeout_s:.0f} s (run.request_timeout_s); "
-                                 f"in flight: {sorted(active)}")
-            for _, kind, info in events:
+                                 f"in flight: {sorted(f'{name} {rid}' for name, rid in active)}")
+            for engine, kind, info in events:
                 if kind != "done":
                     continue
                 last_progress = time.monotonic()
-                f, slot, submitted_t = active.pop(info["req_id"])
+                f, slot, submitted_t = active.pop((engine.name, info["req_id"]))
                 f.results[slot] = dict(info, submitted_t=submitted_t)
                 f.pending -= 1
                 if f.pending:
