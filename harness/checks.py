@@ -290,6 +290,9 @@ def load_tokenizer(model_path: str):
 def load_connector(strategy: DictConfig) -> type:
     """Import the strategy's connector class now, so a typo fails before any engine starts."""
     logging.getLogger("vllm").setLevel(logging.ERROR)  # engine logs go to the engines' files, not here
+    if strategy.get("handoff", "push") not in ("push", "relay"):
+        raise ConfigError(f"strategy {strategy.name!r}: handoff {strategy.handoff!r} is push (this project's "
+                          f"connectors) or relay (the prefill engine's answer goes with the decode request)")
     for package in strategy.get("requires", None) or []:
         if importlib.util.find_spec(package) is None:
             raise ConfigError(f"strategy {strategy.name!r} needs the Python package {package!r}, which is not "

@@ -2,7 +2,7 @@
 input: exit 2 and one line, before any engine starts); checked_inputs then settles it here, and
 the runners and engine_config read the Settings instead of working the same things out of the raw
 config again (when the decode request goes, each engine's vLLM arguments and tensor-parallel
-degree, whether the decode side pulls the KV, the KV dtype the P/D engines store)."""
+degree, whether the prefill engine's answer is relayed to the decode request, the KV dtype the P/D engines store)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class Settings:
     cfg: DictConfig  # the composed config, for the values used as they are (sampling, serve.*, ...)
     device: str  # cpu or cuda, as resolved
     decode_submit: str  # early or after_prefill, as it applies to the strategy
-    pulls: bool  # the decode side pulls the KV (vLLM's NIXL connector) after the prefill's answer
+    relays: bool  # the prefill engine's answer (where its KV is) is relayed to the decode request: vLLM's NIXL
     overrides: dict[str, dict]  # each engine's vLLM arguments on top of `engine` (engine_overrides)
     tp: tuple[int, int]  # the prefill and decode engines' tensor-parallel degrees
     kv_cache_dtype: str | None  # the KV dtype the P/D engines store where the baseline's differs
@@ -33,7 +33,7 @@ class Settings:
 
 def settle(cfg: DictConfig, device: str) -> Settings:
     """The Settings of a config that passed every check (checks.checked_inputs)."""
-    return Settings(cfg=cfg, device=device, decode_submit=decode_submit(cfg), pulls=pulls(cfg.strategy),
+    return Settings(cfg=cfg, device=device, decode_submit=decode_submit(cfg), relays=relays(cfg.strategy),
                     overrides={role: engine_overrides(cfg, role) for role in ROLES},
                     tp=(tp_degree(cfg, "prefill"), tp_degree(cfg, "decode")), kv_cache_dtype=stored_kv_dtype(cfg))
 
@@ -53,13 +53,13 @@ def tp_degree(cfg: DictConfig, role: str) -> int:
 
 def submits_early(strategy: DictConfig) -> bool:
     """Whether the decode request can go with the prefill request: this project's (push)
-    connectors park it in vLLM until its KV arrives; vLLM's pull connector (NIXL) needs the
+    connectors park it in vLLM until its KV arrives; vLLM's NIXL connectors need the
     prefill engine's answer, and its example connector looks for the KV once, at admission."""
     return bool(strategy.module) and strategy.get("handoff", "push") == "push"
 
 
-def pulls(strategy: DictConfig) -> bool:
-    return strategy.get("handoff", "push") == "pull"
+def relays(strategy: DictConfig) -> bool:
+    return strategy.get("handoff", "push") == "relay"
 
 
 def observed(cfg: DictConfig) -> bool:

@@ -97,7 +97,7 @@ def test_pools_pick_round_robin_or_the_least_busy_and_bad_settings_are_refused()
     least.done("http://a")
     assert least.outstanding == {"http://a": 2, "http://b": 2}
     for kwargs, message in [({"policy": "random"}, "unknown policy"), ({"handoff": "teleport"}, "unknown handoff"),
-                            ({"handoff": "pull", "decode_submit": "early"}, "prefill's answer first")]:
+                            ({"handoff": "relay", "decode_submit": "early"}, "prefill's answer first")]:
         with pytest.raises(ValueError, match=message):
             Router(["http://a"], ["http://b"], **kwargs)
     with pytest.raises(ValueError, match="at least one"):
@@ -107,15 +107,15 @@ def test_pools_pick_round_robin_or_the_least_busy_and_bad_settings_are_refused()
     assert "corrupt" not in plain.decode_body({}, "t", None)["kv_transfer_params"]
     assert corrupt.decode_body({}, "t", None)["kv_transfer_params"]["corrupt"] is True
     assert "corrupt" not in corrupt.prefill_body({}, "t")["kv_transfer_params"]
-    # pull: NIXL's answer relayed, with the transfer id (and the negative control) for the observer
-    pull = Router(["http://a"], ["http://b"], handoff="pull", decode_submit="after_prefill", corrupt=True)
-    assert pull.prefill_body({}, "t")["kv_transfer_params"] == {"do_remote_decode": True, "transfer_id": "t"}
+    # relay: NIXL's answer relayed, with the transfer id (and the negative control) for the observer
+    relay = Router(["http://a"], ["http://b"], handoff="relay", decode_submit="after_prefill", corrupt=True)
+    assert relay.prefill_body({}, "t")["kv_transfer_params"] == {"do_remote_decode": True, "transfer_id": "t"}
     answer = {"kv_transfer_params": {"do_remote_prefill": True, "remote_block_ids": [[1]]}}
-    assert pull.decode_body({}, "t", answer)["kv_transfer_params"] == {
+    assert relay.decode_body({}, "t", answer)["kv_transfer_params"] == {
         "do_remote_prefill": True, "remote_block_ids": [[1]], "transfer_id": "t", "corrupt": True}
     p = subprocess.run([sys.executable, "-m", "harness.serving.router", "--prefill", "http://a", "--decode", "http://b",
-                        "--handoff", "pull", "--decode-submit", "early"], cwd=ROOT, capture_output=True, text=True)
-    assert p.returncode == 2 and p.stderr.startswith("error: a pull handoff")
+                        "--handoff", "relay", "--decode-submit", "early"], cwd=ROOT, capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.startswith("error: a relay handoff")
 
 
 def test_prefix_hash_sends_prompts_that_share_their_first_tokens_to_one_instance():
@@ -604,3 +604,35 @@ def test_each_instance_starts_on_its_sides_gpu_plus_its_place_times_its_tp_degre
     assert [first_gpu(cfg, "prefill", i) for i in range(2)] == [0, 2]
     assert [first_gpu(cfg, "decode", i) for i in range(2)] == [4, 5]
     assert [first_gpu(cfg, "baseline", i) for i in range(3)] == [0, 1, 2]
+
+
+def test_both_instances_get_the_client_request_id_as_vllms_proxy_sends_it():
+    """vLLM's NIXL push connector pairs a decode request with its prefill request by the request id
+    (vllm serve takes it from X-Request-Id): the router sends the transfer id as that header to both
+    instances, with either handoff."""
+    import asyncio
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    async def run(handoff: str) -> list[tuple[str, str]]:
+        seen = []
+
+        async def instance(request: web.Request) -> web.Response:
+            body = await request.json()
+            seen.append((body["max_tokens"], request.headers.get("X-Request-Id")))
+            return web.json_response({"choices": [{"text": "x"}], "kv_transfer_params": {"remote_block_ids": [[1]]}})
+
+        upstream = web.Application()
+        upstream.router.add_post("/v1/completions", instance)
+        async with TestServer(upstream) as up:
+            url = str(up.make_url("")).rstrip("/")
+            router = Router([url], [url], handoff=handoff, decode_submit="after_prefill")
+            async with TestClient(TestServer(router.app())) as client:
+                r = await client.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 4},
+                                      headers={"X-Request-Id": "req-7"})
+                assert r.status == 200 and r.headers["X-Transfer-Id"] == "req-7"
+        return seen
+
+    for handoff in ("push", "relay"):
+        assert sorted(asyncio.run(run(handoff))) == [(1, "req-7"), (4, "req-7")]

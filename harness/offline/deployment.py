@@ -21,7 +21,7 @@ from harness.offline.pipeline import pipeline
 from harness.records.files import write_json
 from harness.records.transfer_records import TransferStats
 from harness.scenario import Abort, fault_for
-from harness.settings import Settings, pulls, writes_records
+from harness.settings import Settings, relays, writes_records
 from harness.workload import Prompt, Workload
 from transfer_strategies.kv_transfer_params import push_params
 from transfer_strategies.transport import remove_leftovers
@@ -32,8 +32,8 @@ OnFinish = Callable[[Prompt, float, list[dict]], None]
 def settled_usage(engines: list[EngineProcess], settle_s: float = 15.0) -> tuple[dict, dict]:
     """Once every request has ended: each engine's KV blocks in use and what its connector
     worker still holds ({name: ...}), asked again for up to settle_s while anything is held (a
-    request's late KV, cancelled or timed out, is dropped when it comes; vLLM's pull connector
-    frees the prefill's blocks on a later step)."""
+    request's late KV, cancelled or timed out, is dropped when it comes; vLLM's NIXL connectors
+    free the prefill's blocks on a later step)."""
     deadline = time.monotonic() + settle_s
     while True:
         usage = {e.name: e.usage() for e in engines}
@@ -63,7 +63,7 @@ def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_r
       names the file its engine's records go to (records: this run's, engines may be kept); a
       decode request of the negative control asks for its KV to be damaged on arrival (corrupt), a
       prefill request of a fault scenario for its transfer to be faulted (fault: fault_for).
-    pull (vLLM's NixlConnector): the prefill request asks the engine to keep the KV for a remote
+    relay (vLLM's NIXL connectors): the prefill request asks the engine to keep the KV for a remote
       decode; the engine answers where it is, and the decode request carries that answer. Both
       carry the transfer id and records file too, for the observer beside the connector
       (settings.observed; vLLM's connector reads only its own keys), and the decode request the
@@ -71,7 +71,7 @@ def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_r
     decode = stage == "decode"
     mine = push_params(transfer_id, early=decode and early, records=str(records) if records else None,
                        corrupt=decode and corrupt, fault=None if decode else fault)
-    if not pulls(strategy):
+    if not relays(strategy):
         return mine
     if stage == "prefill":
         return {"do_remote_decode": True, **mine}
@@ -120,7 +120,7 @@ class OfflineDeployment:
 
     def _env(self, name: str) -> dict:
         env = engine_env(self.settings.cfg, self.settings.device, self.specs[name][1], name)
-        if name != "baseline" and self.settings.pulls:
+        if name != "baseline" and self.settings.relays:
             # vLLM's NIXL connector listens on a side channel per engine for the handshake
             env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_channel_port()))
         return env
@@ -209,7 +209,7 @@ class OfflineDeployment:
             cfg, cfg.sampling.max_tokens,
             handoff_params(s, "decode", tid(p), r[0], early, records=receives, corrupt=cfg.check.corrupt)))
         stages = [[prefill, decode]] if early else [[prefill], [decode]]
-        pipeline(stages, workload, cfg.run.request_timeout_s, on_finish, phase=phase, aborts=aborts)
+        pipeline(stages, workload, cfg.run.request_timeout_s, on_finish, phase=phase, aborts=aborts, request_id=tid)
 
     def transfer_stats(self) -> TransferStats:
         """A reader of the prefill and decode engines' transfer and compute records."""

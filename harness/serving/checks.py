@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from harness.serving.load import LoadError, LoadSpec
 from harness.serving.router import POLICIES
 from harness.serving.schedule import load_spec
-from harness.settings import pulls
+from harness.settings import relays
 from harness.workload import Workload
 
 
@@ -59,7 +59,7 @@ def check_instances(cfg: DictConfig) -> None:
             raise LoadError(f"serve.{side}_instances must be a whole number >= 1"
                             f"{' or matched' if side == 'baseline' else ''}, got {n!r}")
     pairs = cfg.serve.prefill_instances * cfg.serve.decode_instances
-    if pairs > 1 and cfg.transport.get("address") and not pulls(cfg.strategy):
+    if pairs > 1 and cfg.transport.get("address") and not relays(cfg.strategy):
         raise LoadError(f"transport.address is where one prefill worker listens: with it runner=serve takes one "
                         f"prefill and one decode instance, got {cfg.serve.prefill_instances}P"
                         f"{cfg.serve.decode_instances}D")

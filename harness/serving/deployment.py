@@ -34,7 +34,7 @@ class ServingDeployment:
     the load goes to. serve.prefill_instances x serve.decode_instances behind the P/D router:
     with this project's (push) strategies each prefill instance has a KV channel to each decode
     instance (transport/fan_out.py, fan_in.py), and the router tells the prefill instance which
-    one a request's decode half went to; vLLM's pull connector takes any shape."""
+    one a request's decode half went to; vLLM's NIXL connectors take any shape."""
 
     def __init__(self, settings: Settings, run_dir: Path, baseline: bool = True):
         """baseline: also the colocated instances and their router (python -m harness.serving.deploy
@@ -73,7 +73,7 @@ class ServingDeployment:
                 role = name.rstrip("0123456789")
                 gpu = first_gpu(settings, role, i)
                 env = engine_env(settings.cfg, device, gpu if device != "cuda" else gpu % gpu_count())
-                if name in kv and settings.pulls:  # vLLM's NIXL handshake: a side channel per engine
+                if name in kv and settings.relays:  # vLLM's NIXL handshake: a side channel per engine
                     env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
                                VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_channel_port()))
                 kv_args = {"kv_transfer_config": kv[name]} if name in kv else {}
@@ -94,7 +94,7 @@ class ServingDeployment:
         # the routers once the instances' ports are theirs (an instance whose port was taken has another)
         cfg, s = self.cfg, self.cfg.serve
         hang_s = max(cfg.run.request_timeout_s, cfg.run.startup_timeout_s)
-        handoff = ["--handoff", "pull" if self.settings.pulls else "push", "--decode-submit",
+        handoff = ["--handoff", "relay" if self.settings.relays else "push", "--decode-submit",
                    self.settings.decode_submit,
                    # the client holds requests to run.request_timeout_s; the router only drops upstreams
                    # that hang (the warm-up's first use may take as long as a start-up)

@@ -11,16 +11,16 @@ is the connectors' business; the router only carries what ties the two requests 
   until the KV is in; `after_prefill` sends the decode request when the prefill answered. With
   several decode instances the prefill request also names the one chosen (its place in the
   --decode list, which must be the order of each prefill instance's KV channels).
-- pull (vLLM's NixlConnector): the prefill request asks the instance to keep the KV for a remote
+- relay (vLLM's NIXL connectors): the prefill request asks the instance to keep the KV for a remote
   decode (do_remote_decode); its answer's kv_transfer_params go with the decode request, both
   with the transfer id for the observer beside NIXL (transfer_strategies/observer.py).
 With several instances per side it picks by round robin, by fewest outstanding requests, or by
 the prompt's first tokens (prefix_hash: a shared prefix meets its prefix cache), each side its own.
 Without prefill instances it is a plain load balancer over the others (colocated instances
 behind the same proxy, so that a comparison with P/D pays the same hop).
-A client's X-Request-Id header becomes the transfer id (the connectors' records carry it), and
-the answer says which one it was in X-Transfer-Id. If the client goes away, the upstream
-requests are closed, which aborts them in vLLM.
+A client's X-Request-Id header becomes the transfer id (the connectors' records carry it) and the
+request id on both instances (as vLLM's proxy sends: its NIXL push connector pairs them by it); the
+answer names it in X-Transfer-Id. A client gone away closes the upstream requests (vLLM aborts them).
 
 --stream-prefill-token: a streamed answer starts with the prefill instance's token as soon as
 the prefill answered, so that the client's TTFT is the prefill's; the decode instance computes
@@ -28,12 +28,10 @@ the same token again (greedy), and the router drops that duplicate from its stre
 token that differs ends the stream with an error event: the two instances disagree).
 A client that sends `X-KV-Fault: {"kind": "drop", ...}` (a push handoff) has that transport fault
 injected into its request's transfer (the prefill request's kv_transfer_params carry it, as the
-offline runner's do): the harness's fault scenarios under runner=serve. A client that sends
-`X-Router-Marks: 1` gets SSE comments (which clients skip) in a streamed
-P/D answer when the prefill's answer came (`: prefill-token`) and before the decode instance's
-first token (`: decode-token`): the harness records both times. Before the first, `: routed <t>`
-says when the router posted the prefill request (t: its time.monotonic(), which every process of
-a machine shares): the harness's handover decomposition starts with it.
+offline runner's do): the harness's fault scenarios under runner=serve. With `X-Router-Marks: 1` a streamed
+P/D answer carries SSE comments (clients skip them): `: routed <t>` when the router posted the prefill request
+(t: its time.monotonic(), which every process of a machine shares), `: prefill-token` when the prefill
+answered and `: decode-token` before the decode instance's first token; the harness's handover decomposition.
 """
 
 from __future__ import annotations
@@ -54,7 +52,7 @@ from transfer_strategies.kv_transfer_params import FAULT_KINDS, push_params
 
 POLICIES = ("round_robin", "least_outstanding", "prefix_hash")
 PREFIX_TOKENS = 64  # prefix_hash: a prompt's first tokens (4 blocks of vLLM's default 16) pick its instance
-MARKS = "X-Router-Marks"
+MARKS, ID = "X-Router-Marks", "X-Request-Id"
 FAULT_HEADER = "X-KV-Fault"
 
 
@@ -151,17 +149,17 @@ class Router:
                  corrupt: bool = False, prefill_policy: str | None = None):
         """policy: how each side picks its instance; prefill_policy: the prefill side's instead
         (e.g. prefix_hash for prefill, least_outstanding for decode)."""
-        if handoff not in ("push", "pull"):
-            raise ValueError(f"unknown handoff {handoff!r}: push or pull")
+        if handoff not in ("push", "relay"):
+            raise ValueError(f"unknown handoff {handoff!r}: push or relay")
         if decode_submit not in ("early", "after_prefill"):
             raise ValueError(f"unknown decode_submit {decode_submit!r}: early or after_prefill")
-        if handoff == "pull" and decode_submit == "early":
-            raise ValueError("a pull handoff needs the prefill's answer first: decode_submit=after_prefill")
+        if handoff == "relay" and decode_submit == "early":
+            raise ValueError("a relay handoff needs the prefill's answer first: decode_submit=after_prefill")
         self.prefill = Pool(prefill, prefill_policy or policy) if prefill else None
         self.decode = Pool(decode, policy)
         self.handoff, self.decode_submit = handoff, decode_submit
         self.stream_prefill_token = stream_prefill_token
-        # the negative control: every decode request asks for its KV damaged (pull: by the observer)
+        # the negative control: every decode request asks for its KV damaged (relay: by the observer)
         self.corrupt = corrupt
         # no progress (connecting, or between two reads) for timeout_s: a stream may last longer
         self.timeout = aiohttp.ClientTimeout(total=None, sock_connect=timeout_s, sock_read=timeout_s)
@@ -171,7 +169,7 @@ class Router:
     def prefill_body(self, body: dict, transfer_id: str, fault: dict | None = None, d_url: str | None = None) -> dict:
         """d_url: the decode instance this request's decode half goes to; a push prefill instance
         sends the KV there (its place among --decode: the prefill worker's channels are in that order)."""
-        if self.handoff == "pull":
+        if self.handoff == "relay":
             params = {"do_remote_decode": True, **push_params(transfer_id)}
         else:
             peer = self.decode.urls.index(d_url) if d_url is not None and len(self.decode.urls) > 1 else None
@@ -182,7 +180,7 @@ class Router:
         return out
 
     def decode_body(self, body: dict, transfer_id: str, prefill_answer: dict | None) -> dict:
-        if self.handoff == "pull":
+        if self.handoff == "relay":
             params = (prefill_answer or {}).get("kv_transfer_params")
             if not params:
                 raise web.HTTPBadGateway(text="the prefill instance returned no kv_transfer_params")
@@ -193,7 +191,8 @@ class Router:
 
     async def _prefill(self, url: str, path: str, body: dict) -> dict:
         try:
-            async with self.session.post(url + path, json=body) as r:
+            async with self.session.post(url + path, json=body,
+                                         headers={ID: body["kv_transfer_params"]["transfer_id"]}) as r:
                 answer = await r.json(content_type=None)
                 if r.status != 200:
                     raise web.HTTPBadGateway(text=f"prefill instance {url}: {r.status} {json.dumps(answer)[:500]}")
@@ -204,10 +203,10 @@ class Router:
     # ------------------------------------------------------------ HTTP
     async def completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
-        transfer_id = request.headers.get("X-Request-Id") or f"router-{uuid.uuid4().hex}"
+        transfer_id = request.headers.get(ID) or f"router-{uuid.uuid4().hex}"
         fault = None
         if FAULT_HEADER in request.headers:
-            if self.prefill is None or self.handoff == "pull":
+            if self.prefill is None or self.handoff == "relay":
                 raise web.HTTPBadRequest(text=f"{FAULT_HEADER}: faults are injected by this project's connectors "
                                               f"between prefill and decode instances (a push handoff)")
             fault = fault_header(request.headers[FAULT_HEADER])
@@ -281,7 +280,7 @@ class Router:
         once `after` (the prefill, writing its mark or token) is done; with drop_first the first
         token's line waits for the prefill's token and loses its duplicate."""
         try:
-            async with self.session.post(url + request.path, json=body) as r:
+            async with self.session.post(url + request.path, json=body, headers={ID: transfer_id}) as r:
                 if out is None and not body.get("stream"):
                     data = await r.read()
                     return web.Response(body=data, status=r.status, content_type="application/json",
@@ -370,16 +369,16 @@ def argument_parser() -> argparse.ArgumentParser:
     ap.add_argument("--policy", choices=POLICIES, default="round_robin",
                     help="how each side picks its instance (prefix_hash: by the prompt's first tokens)")
     ap.add_argument("--prefill-policy", choices=POLICIES, default=None, help="the prefill side's, if not --policy")
-    ap.add_argument("--handoff", choices=("push", "pull"), default="push",
-                    help="push: this project's connectors; pull: vLLM's NixlConnector")
+    ap.add_argument("--handoff", choices=("push", "relay"), default="push",
+                    help="push: this project's connectors; relay: vLLM's NIXL connectors")
     ap.add_argument("--decode-submit", choices=("early", "after_prefill"), default=None,
-                    help="default: early for push, after_prefill for pull")
+                    help="default: early for push, after_prefill for relay")
     ap.add_argument("--timeout-s", type=float, default=600.0,
                     help="an upstream instance that makes no progress for this long fails the request")
     ap.add_argument("--stream-prefill-token", action="store_true",
                     help="stream the prefill instance's token at once (the decode instance's duplicate is dropped)")
     ap.add_argument("--corrupt", action="store_true", help="the negative control: every decode instance damages "
-                    "the KV it receives, digests must fail (pull: the observer beside NIXL does)")
+                    "the KV it receives, digests must fail (relay: the observer beside NIXL does)")
     return ap
 
 
