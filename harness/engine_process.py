@@ -60,9 +60,10 @@ def _finishing(engine) -> bool:
 def _has_work(engine) -> bool:
     """Whether vLLM's own engine loop would step now (EngineCore.has_work: the scheduler's
     has_requests): unfinished requests, finished ones whose blocks a connector still holds (vLLM's
-    NIXL prefill until the decode engine read them, this project's until sent), a connector's
-    push work in flight (NixlPushConnector's WRITEs, which its worker issues at a step). Where a
-    vLLM lacks has_requests: unfinished requests and those finished in the last step."""
+    NIXL prefill until the decode engine read them), a connector's push work in flight
+    (NixlPushConnector ships the prefill's finished blocks to its worker at a step, which then
+    WRITEs them). Where a vLLM lacks has_requests: unfinished requests and those finished in the
+    last step."""
     try:
         return bool(engine.engine_core.engine_core.scheduler.has_requests())
     except AttributeError:
@@ -151,6 +152,12 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
 
         keep_a_fork_start()  # TP workers forked from this process, which imported vLLM
 
+        # vLLM's own connectors (named, no module path) step as vLLM's engine loop steps them
+        # (_has_work); this project's need a step only once a request finished (_finishing):
+        # stepping while they hold a finished request's blocks cost 1-15 s a run on the 2-core
+        # machine, and _settle frees those
+        kv = engine_args.get("kv_transfer_config")
+        vllm_loop = isinstance(kv, dict) and not kv.get("kv_connector_module_path")
         if isinstance(engine_args.get("kv_transfer_config"), dict):
             engine_args = dict(engine_args, kv_transfer_config=KVTransferConfig(**engine_args["kv_transfer_config"]))
         llm = LLM(**engine_args)
@@ -169,7 +176,7 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
         aborted: set[str] = set()  # reported done when aborted: vLLM's later output for them is dropped
         while True:
             unfinished = engine.has_unfinished_requests()
-            busy = unfinished or _has_work(engine)
+            busy = unfinished or (_has_work(engine) if vllm_loop else _finishing(engine))
             # with only a connector's work left, a step every CONNECTOR_STEP_S: the cores are the
             # other engines' meanwhile (vLLM's own loop steps without a pause)
             while conn.poll(0 if unfinished else CONNECTOR_STEP_S if busy else 0.2):
