@@ -177,9 +177,11 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
         while True:
             unfinished = engine.has_unfinished_requests()
             busy = unfinished or (_has_work(engine) if vllm_loop else _finishing(engine))
-            # with only a connector's work left, a step every CONNECTOR_STEP_S: the cores are the
-            # other engines' meanwhile (vLLM's own loop steps without a pause)
-            while conn.poll(0 if unfinished else CONNECTOR_STEP_S if busy else 0.2):
+            # with only vLLM's connector's work left, a step every CONNECTOR_STEP_S: the cores are
+            # the other engines' meanwhile (vLLM's own loop steps without a pause); this project's
+            # connectors take their one step after a finish at once, as before
+            idle_step = CONNECTOR_STEP_S if vllm_loop and not unfinished else 0
+            while conn.poll(idle_step if busy else 0.2):
                 cmd, *args = conn.recv()
                 if cmd == "stop":
                     # vLLM's own teardown can take many seconds; the parent kills the group anyway
