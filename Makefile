@@ -22,6 +22,10 @@ $(VENV)/.installed-$(FLAVOR): pyproject.toml $(CONSTRAINTS)
 	if [ "$(FLAVOR)" = cpu ]; then $(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
 	# vLLM imports NIXL as `nixl`: that name without the CUDA 12 build it would pull (nixl-cu13 is in .[cpu])
 	if [ "$(FLAVOR)" = cpu ]; then $(BIN)/pip install -q --no-deps nixl==1.5.1; fi
+	# Mooncake's non-CUDA build (strategy=vllm_mooncake, TCP) loads libibverbs, which NIXL's package carries; its
+	# engine looks beside itself first (RPATH $$ORIGIN), so links there stand in for the system library
+	if [ "$(FLAVOR)" = cpu ]; then cd $$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/mooncake \
+		&& ln -sf ../nixl_cu13.libs/libnl-*.so.* . && ln -sf ../nixl_cu13.libs/libibverbs-*.so.* libibverbs.so.1; fi
 	touch $@
 
 demo: setup

@@ -18,7 +18,16 @@ from omegaconf.errors import MissingMandatoryValue
 from harness import scenario
 from harness.gpu_fit import gpu_memory_gib, unfit
 from harness.scenario import ScenarioError
-from harness.settings import Settings, engine_overrides, observed, settle, submits_early, tp_degree
+from harness.settings import (
+    HANDOFFS,
+    Settings,
+    engine_overrides,
+    handoff,
+    observed,
+    settle,
+    submits_early,
+    tp_degree,
+)
 from harness.workload import Workload, build_workload
 from transfer_strategies.connector_config import ContractError, HarnessSettings, NoParams, TransportSettings, parse
 from transfer_strategies.kv_transfer_params import CORRUPT, FAULT, RECORDS
@@ -290,13 +299,20 @@ def load_tokenizer(model_path: str):
 def load_connector(strategy: DictConfig) -> type:
     """Import the strategy's connector class now, so a typo fails before any engine starts."""
     logging.getLogger("vllm").setLevel(logging.ERROR)  # engine logs go to the engines' files, not here
-    if strategy.get("handoff", "push") not in ("push", "relay"):
-        raise ConfigError(f"strategy {strategy.name!r}: handoff {strategy.handoff!r} is push (this project's "
-                          f"connectors) or relay (the prefill engine's answer goes with the decode request)")
-    for package in strategy.get("requires", None) or []:
+    if handoff(strategy) not in HANDOFFS:
+        raise ConfigError(f"strategy {strategy.name!r}: handoff {strategy.handoff!r} is one of "
+                          + "; ".join(f"{k} ({v})" for k, v in HANDOFFS.items()))
+    for module in strategy.get("requires", None) or []:
+        package = module.partition(".")[0]
         if importlib.util.find_spec(package) is None:
             raise ConfigError(f"strategy {strategy.name!r} needs the Python package {package!r}, which is not "
                               f"installed: `make setup` installs it on CPU machines; elsewhere pip install {package}")
+        if module != package:  # a native module, imported now: a library it loads may be missing
+            try:
+                importlib.import_module(module)
+            except ImportError as e:
+                raise ConfigError(f"strategy {strategy.name!r} needs {module!r}, which does not import here ({e}); "
+                                  f"`make setup` gives it what it loads on CPU machines") from None
     if not strategy.module:
         from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 

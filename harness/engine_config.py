@@ -15,7 +15,7 @@ from harness import PROJECT_ROOT, forkserver
 from harness.ceiling import link_ceiling_gbps
 from harness.checks import load_connector, params_type
 from harness.forkserver import NETNS_ENV
-from harness.settings import Settings, engine_overrides, observed
+from harness.settings import Settings, engine_overrides, handoff, observed
 from transfer_strategies.connector_config import (
     ConnectorConfig,
     HarnessSettings,
@@ -52,6 +52,10 @@ def engine_args(s: Settings, role: str | None = None) -> dict:
     if (args.get("tensor_parallel_size") or 1) > 1:
         args.setdefault("distributed_executor_backend", "mp")  # a worker process per rank, on CPU too
     return args
+
+
+# the prefill engine's id in vLLM, where decode requests name it (handoff bootstrap: Mooncake)
+PREFILL_ENGINE_ID = "prefill"
 
 
 def engine_env(cfg: DictConfig, device: str, gpu: int, role: str | None = None) -> dict:
@@ -105,6 +109,10 @@ def transfer_config(settings: Settings, engine: str, rendezvous: Path | list[Pat
     role = s.get("roles", {}).get(engine) or {"prefill": "kv_producer", "decode": "kv_consumer"}[engine]
     params = OmegaConf.to_container(s.params, resolve=True) if s.params else {}
     out = {"kv_connector": s.connector, "kv_role": role, "kv_connector_extra_config": params}
+    if not s.module and s.get("cpu_module") and settings.device == "cpu":  # vLLM's class, made to start on the CPU
+        out["kv_connector_module_path"] = s.cpu_module
+    if handoff(s) == "bootstrap" and engine == "prefill":  # the name decode requests give it (handoff_params)
+        out["engine_id"] = PREFILL_ENGINE_ID
     if cfg.run.get("kv_load_failure_policy"):
         out["kv_load_failure_policy"] = cfg.run.kv_load_failure_policy
     if observed(cfg):  # beside the observer, which never loads: vLLM's connector does
@@ -114,7 +122,8 @@ def transfer_config(settings: Settings, engine: str, rendezvous: Path | list[Pat
                        harness_settings(settings, rendezvous, stats_path), TransportSettings(),
                        ObserverParams(observed=s.connector)).to_dict()}
         mine = {k: v for k, v in out.items() if k != "kv_load_failure_policy"}
-        return {**out, "kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [mine, watcher]}}
+        multi = {k: v for k, v in out.items() if k != "kv_connector_module_path"}
+        return {**multi, "kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [mine, watcher]}}
     if not s.module:
         return out
     transport = parse(TransportSettings, OmegaConf.to_container(cfg.transport, resolve=True), "transport")

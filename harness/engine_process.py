@@ -29,6 +29,8 @@ from pathlib import Path
 from harness import process_group
 from harness.forkserver import NETNS_ENV, context, die_with_parent
 
+VLLM_ON_CPU = "transfer_strategies.vllm_on_cpu"  # vLLM's connectors, started on the CPU build (a strategy's cpu_module)
+
 
 class EngineDied(RuntimeError):
     pass
@@ -152,12 +154,12 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
 
         keep_a_fork_start()  # TP workers forked from this process, which imported vLLM
 
-        # vLLM's own connectors (named, no module path) step as vLLM's engine loop steps them
+        # vLLM's own connectors (named, no module path but vllm_on_cpu's) step as vLLM's engine loop steps them
         # (_has_work); this project's need a step only once a request finished (_finishing):
         # stepping while they hold a finished request's blocks cost 1-15 s a run on the 2-core
         # machine, and _settle frees those
         kv = engine_args.get("kv_transfer_config")
-        vllm_loop = isinstance(kv, dict) and not kv.get("kv_connector_module_path")
+        vllm_loop = isinstance(kv, dict) and kv.get("kv_connector_module_path") in (None, VLLM_ON_CPU)
         if isinstance(engine_args.get("kv_transfer_config"), dict):
             engine_args = dict(engine_args, kv_transfer_config=KVTransferConfig(**engine_args["kv_transfer_config"]))
         llm = LLM(**engine_args)

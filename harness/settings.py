@@ -58,8 +58,20 @@ def submits_early(strategy: DictConfig) -> bool:
     return bool(strategy.module) and strategy.get("handoff", "push") == "push"
 
 
+# how a prompt's decode request learns where its KV is (a strategy YAML's `handoff`)
+HANDOFFS = {
+    "push": "this project's connectors: both requests carry one transfer id, the prefill worker sends",
+    "relay": "vLLM's NIXL connectors: the prefill engine's answer goes with the decode request",
+    "bootstrap": "vLLM's Mooncake connector: the decode request names the prefill engine and its bootstrap server",
+}
+
+
+def handoff(strategy: DictConfig) -> str:
+    return strategy.get("handoff", "push")
+
+
 def relays(strategy: DictConfig) -> bool:
-    return strategy.get("handoff", "push") == "relay"
+    return handoff(strategy) == "relay"
 
 
 def observed(cfg: DictConfig) -> bool:

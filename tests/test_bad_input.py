@@ -129,7 +129,10 @@ def test_vllm_example_with_a_prompt_under_one_block(tmp_path):
     (["strategy=vllm_nixl", "check.corrupt=true", "check.digests=false"], ["check.corrupt", "unobserved here"]),
     (["model=hf"], ["model.path has no value"]),
     (["strategy=vllm_nixl", "run.decode_submit=early"], ["run.decode_submit=early", "after_prefill"]),
-    (["strategy=vllm_nixl", "strategy.handoff=pull"], ["handoff 'pull' is push", "or relay"]),
+    (["strategy=vllm_nixl", "strategy.handoff=pull"], ["handoff 'pull' is one of push", "relay", "bootstrap"]),
+    # a package whose native module does not load (Mooncake's engine without libibverbs): named, before any engine
+    (["strategy=vllm_mooncake", "strategy.requires=[json.no_such_module]"],
+     ["'json.no_such_module'", "does not import"]),
     (["run.decode_submit=later"], ["run.decode_submit must be early, after_prefill or null", "'later'"]),
     (["run.kv_load_failure_policy=retry"], ["run.kv_load_failure_policy must be fail, recompute or null"]),
     (["run.keep_engine_sets=0"], ["run.keep_engine_sets must be an integer >= 1", "got 0"]),

@@ -18,6 +18,8 @@ import harness.benchmark as bench
 from harness import resolvers
 from harness.checks import ConfigError, check_parallelism, check_settings
 from harness.engine_config import transfer_config
+from harness.engine_process import VLLM_ON_CPU
+from harness.offline.deployment import handoff_params
 from harness.resolvers import built_in_strategies
 from harness.settings import settle
 from tests.helpers.config import compose_job
@@ -289,6 +291,27 @@ def test_an_observed_vllm_connector_goes_first_beside_the_observer(tmp_path):
     unchecked = compose_job(["strategy=vllm_nixl", "check.digests=false"])  # nothing to observe for
     assert transfer_config(settle(unchecked, "cpu"), "decode", tmp_path / "p", tmp_path / "s")["kv_connector"] == \
         "NixlConnector"
+
+
+def test_mooncake_starts_through_its_cpu_class_and_decode_requests_name_the_prefill_engine(tmp_path):
+    """strategy=vllm_mooncake: on the CPU vLLM loads MooncakeConnector from vllm_on_cpu (first in
+    the MultiConnector, whose own class is vLLM's), elsewhere from its registry; the prefill engine
+    has the id decode requests name, beside its bootstrap server's address (handoff bootstrap)."""
+    cfg = compose_job(["strategy=vllm_mooncake"])
+    prefill, decode = (transfer_config(settle(cfg, "cpu"), e, tmp_path / "p", tmp_path / e)
+                       for e in ("prefill", "decode"))
+    mooncake = prefill["kv_connector_extra_config"]["connectors"][0]
+    assert "kv_connector_module_path" not in prefill and prefill["engine_id"] == mooncake["engine_id"] == "prefill"
+    assert mooncake["kv_connector_module_path"] == "transfer_strategies.vllm_on_cpu" == VLLM_ON_CPU
+    assert mooncake["kv_connector_extra_config"] == {"mooncake_protocol": "tcp", "num_workers": 2}
+    assert "engine_id" not in decode
+    assert decode["kv_connector_extra_config"]["connectors"][0]["kv_role"] == "kv_consumer"
+    on_gpu = transfer_config(settle(cfg, "cuda"), "prefill", tmp_path / "p", tmp_path / "s")
+    assert "kv_connector_module_path" not in on_gpu["kv_connector_extra_config"]["connectors"][0]
+    asked = handoff_params(cfg.strategy, "decode", "t-1", None, records=tmp_path / "d", bootstrap="http://127.0.0.1:9")
+    assert asked["remote_engine_id"] == "prefill" and asked["remote_bootstrap_addr"] == "http://127.0.0.1:9"
+    assert asked["do_remote_prefill"] is True and asked["transfer_id"] == "t-1"
+    assert handoff_params(cfg.strategy, "prefill", "t-1", None)["do_remote_decode"] is True
 
 
 @pytest.mark.parametrize("overrides,message", [

@@ -20,7 +20,7 @@ from harness.records.fields import TIMELINE
 from harness.records.schema import OVERHEAD_PARTS
 from harness.resolvers import built_in_strategies
 from harness.workload import is_warmup
-from tests.conftest import FULL, ROOT, cells, run_harness
+from tests.conftest import FULL, ROOT, cells, compose_config, run_harness
 from tests.helpers.runs import BLOCK, EXTENDED, SHARED_PREFIX, edge_prompts, harness_on_edge_prompts
 
 pytestmark = pytest.mark.engine
@@ -228,16 +228,21 @@ def test_vllm_example_connector_on_multi_block_prompts(results_dir):
 # NIXL registers each engine's whole KV cache with UCX as it starts: 1 GiB (engine.kv_cache_gib's
 # default) took 20-30 s on the 2-core machine
 NIXL = ("strategy=vllm_nixl", "engine.kv_cache_gib=0.25")
+# vLLM's connectors, unchanged, and what each is run with (vllm_nixl in make test)
+VLLM_CONNECTORS = {"vllm_nixl": NIXL, "vllm_mooncake": ("strategy=vllm_mooncake", "engine.kv_cache_gib=0.25")}
 
 
-def test_vllm_nixl_connector_on_the_edge_prompts(results_dir, tmp_path_factory):
-    """vLLM's NixlConnector, unchanged: the prefill engine keeps the KV and answers where it is,
-    the harness relays that to the decode engine, which reads the blocks through NIXL (UCX on
-    CPU memory). The same edge-case prompts as our strategies, three in flight. The observer
-    beside it (transfer_strategies/observer.py) digests the blocks on both engines: each
-    transfer is judged as this project's are, and the decode engine's compute records show the
-    KV came through NIXL, not from the engine computing the prompt itself."""
-    run = harness_on_edge_prompts(results_dir, tmp_path_factory, "vllm_nixl", *NIXL)
+@pytest.mark.parametrize("name", cells(list(VLLM_CONNECTORS), {"vllm_nixl"}))
+def test_vllm_connectors_on_the_edge_prompts(results_dir, tmp_path_factory, name):
+    """vLLM's own connectors, unchanged, on the same edge-case prompts as our strategies, three in
+    flight. NixlConnector: the prefill engine keeps the KV and answers where it is, the harness
+    relays that to the decode engine, which reads the blocks through NIXL (UCX on CPU memory).
+    MooncakeConnector: the decode request names the prefill engine and its bootstrap server up
+    front, and the prefill worker writes the blocks into the decode engine's through Mooncake's
+    transfer engine (TCP). The observer beside each (transfer_strategies/observer.py) digests the
+    blocks on both engines: each transfer is judged as this project's are, and the decode engine's
+    compute records show the KV came through the connector, not from the engine computing the prompt."""
+    run = harness_on_edge_prompts(results_dir, tmp_path_factory, name, *VLLM_CONNECTORS[name])
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
     assert s["status"] == "ok" and s["match_rate"] == 1.0 and s["requests"] == len(edge_prompts())
@@ -249,10 +254,11 @@ def test_vllm_nixl_connector_on_the_edge_prompts(results_dir, tmp_path_factory):
     # (whole blocks) or loaded (vLLM computes the last token again after a whole prompt was loaded)
     assert all(r["decode_computed_tokens"] == 1 and not r["kv_recomputed"] for r in rows)
     assert all(r["decode_loaded_tokens"] == r["prompt_len"] - 1 - r["skip_blocks"] * BLOCK for r in rows)
-    assert all(r["strategy"] == "NixlConnector" for r in run.jsonl("decode-transfers.jsonl"))
+    connector = compose_config(f"strategy={name}").strategy.connector
+    assert all(r["strategy"] == connector for r in run.jsonl("decode-transfers.jsonl"))
     # no block held: the prefill engine frees its last ones on a step that hears the decode engine's
-    # notice that NIXL read them, which the idle engine takes (engine_process._settle); its engines
-    # are kept for the next run (the negative control's, below)
+    # notice that the KV was read (NIXL) or written (Mooncake), which the idle engine takes
+    # (engine_process._settle); its engines are kept for the next run (vllm_nixl's negative control)
     assert s["kv_blocks_in_use"] == {"prefill": 0, "decode": 0}
 
 

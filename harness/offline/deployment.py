@@ -13,7 +13,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from harness.engine_config import channel_files, engine_args, engine_env, side_channel_port, transfer_config
+from harness.engine_config import (
+    PREFILL_ENGINE_ID,
+    channel_files,
+    engine_args,
+    engine_env,
+    side_channel_port,
+    transfer_config,
+)
 from harness.engine_process import EngineDied, EngineProcess, wait_ready
 from harness.link import VethLink
 from harness.offline.engine_pool import EnginePool, engine_key
@@ -21,7 +28,7 @@ from harness.offline.pipeline import pipeline
 from harness.records.files import write_json
 from harness.records.transfer_records import TransferStats
 from harness.scenario import Abort, fault_for
-from harness.settings import Settings, relays, writes_records
+from harness.settings import Settings, handoff, writes_records
 from harness.workload import Prompt, Workload
 from transfer_strategies.kv_transfer_params import push_params
 from transfer_strategies.transport import remove_leftovers
@@ -55,7 +62,7 @@ def sampling_params(cfg: DictConfig, max_tokens: int, kv_transfer_params: dict |
 
 def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_result: dict | None,
                    early: bool = False, records: Path | None = None, corrupt: bool = False,
-                   fault: dict | None = None) -> dict:
+                   fault: dict | None = None, bootstrap: str | None = None) -> dict:
     """kv_transfer_params of a request to the prefill or decode engine.
     push (this project's strategies): both requests carry one transfer id; the prefill worker
       sends, the decode worker takes the message with that id. A decode request submitted early
@@ -67,14 +74,20 @@ def handoff_params(strategy: DictConfig, stage: str, transfer_id: str, prefill_r
       decode; the engine answers where it is, and the decode request carries that answer. Both
       carry the transfer id and records file too, for the observer beside the connector
       (settings.observed; vLLM's connector reads only its own keys), and the decode request the
-      negative control's ask."""
+      negative control's ask.
+    bootstrap (vLLM's Mooncake connector): as relay, but the decode request is told up front
+      where the KV is: the prefill engine's id and its bootstrap server (`bootstrap`, a URL), whose
+      workers it asks to write the KV, which they do once their request has finished."""
     decode = stage == "decode"
     mine = push_params(transfer_id, early=decode and early, records=str(records) if records else None,
                        corrupt=decode and corrupt, fault=None if decode else fault)
-    if not relays(strategy):
+    if handoff(strategy) == "push":
         return mine
     if stage == "prefill":
         return {"do_remote_decode": True, **mine}
+    if handoff(strategy) == "bootstrap":
+        return {"do_remote_prefill": True, "remote_engine_id": PREFILL_ENGINE_ID, "remote_bootstrap_addr": bootstrap,
+                **mine}
     params = (prefill_result or {}).get("kv_transfer_params")
     if not params:
         raise EngineDied(f"the prefill engine returned no kv_transfer_params for {transfer_id}: "
@@ -123,7 +136,16 @@ class OfflineDeployment:
         if name != "baseline" and self.settings.relays:
             # vLLM's NIXL connector listens on a side channel per engine for the handshake
             env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_channel_port()))
+        if name != "baseline" and handoff(self.cfg.strategy) == "bootstrap":
+            env.update(VLLM_HOST_IP="127.0.0.1")  # Mooncake's workers' addresses: else the default route's
+            if name == "prefill":  # its bootstrap server, which tells decode workers where its workers listen
+                env.update(VLLM_MOONCAKE_BOOTSTRAP_PORT=str(side_channel_port()))
         return env
+
+    def bootstrap(self) -> str | None:
+        """The prefill engine's bootstrap server (handoff bootstrap), where decode requests find it."""
+        port = self.envs["prefill"].get("VLLM_MOONCAKE_BOOTSTRAP_PORT")
+        return f"http://127.0.0.1:{port}" if port else None
 
     def _start(self, *slots: str) -> list[EngineProcess]:
         """The slots' engines: taken from the pool where it kept them for this key (their prefix
@@ -207,7 +229,8 @@ class OfflineDeployment:
             cfg, 1, handoff_params(s, "prefill", tid(p), None, records=sends, fault=fault_for(cfg, p))))
         decode = (self.engines["decode"], lambda p, r: sampling_params(
             cfg, cfg.sampling.max_tokens,
-            handoff_params(s, "decode", tid(p), r[0], early, records=receives, corrupt=cfg.check.corrupt)))
+            handoff_params(s, "decode", tid(p), r[0], early, records=receives, corrupt=cfg.check.corrupt,
+                           bootstrap=self.bootstrap())))
         stages = [[prefill, decode]] if early else [[prefill], [decode]]
         pipeline(stages, workload, cfg.run.request_timeout_s, on_finish, phase=phase, aborts=aborts, request_id=tid)
 

@@ -58,6 +58,11 @@ class Client:
         return asyncio.run(beside())
 
 
+# a request's first use of a connector can fail where later ones do not: vLLM's NIXL handshake waits
+# a fixed 5 s for the prefill engine's answer, which a loaded 2-core machine missed once (make test-full)
+WARMUP_TRIES = 3
+
+
 class ServePasses:
     """A run's passes over its deployment, each request's row written as it ends (baseline.jsonl,
     requests.jsonl, probes.jsonl), every pass compared with the baseline's first."""
@@ -74,7 +79,8 @@ class ServePasses:
         instance's first use (the connector's included) and every length range of the workload, at
         least as many at once as the largest side has instances (round robin and least outstanding
         both spread requests sent together), with none of the measured prompts' tokens, which a
-        prefix cache would keep (warmup_workload)."""
+        prefix cache would keep (warmup_workload). A warm-up request that fails is sent again, up to
+        WARMUP_TRIES times in all, each time said on stdout; the measured requests get no second try."""
         cfg, d = self.cfg, self.client.deployment
         if not cfg.run.warmup_requests:
             return
@@ -83,10 +89,20 @@ class ServePasses:
         warm = [ScheduledRequest(i, p.index, p.token_ids, 0.0) for i, p in enumerate(
             warmup_workload(self.client.workload, cfg.run.warmup_requests, batch=max(sides)).prompts)]
         for path in ("baseline", "disagg"):
-            # first use (the connector's buffers, compilation) may take far longer than a request may
-            for r in self.client.load(f"warmup-{path}", d.urls[path], warm, timeout_s=cfg.run.startup_timeout_s):
-                if r.status != "ok":
-                    raise InstanceDied(f"warm-up request through the {path} path failed: {r.error}")
+            todo = warm
+            for attempt in range(WARMUP_TRIES):
+                # first use (the connector's buffers, compilation) may take far longer than a request may
+                label = f"warmup-{path}" + (f"-again{attempt}" if attempt else "")
+                failed = [r for r in self.client.load(label, d.urls[path], todo, timeout_s=cfg.run.startup_timeout_s)
+                          if r.status != "ok"]
+                if not failed:
+                    break
+                print(f"[harness] {len(failed)} warm-up request(s) through the {path} path failed, sent again: "
+                      f"{failed[0].error}", flush=True)
+                todo = [w for w in todo if w.index in {r.index for r in failed}]
+            else:
+                raise InstanceDied(f"warm-up request through the {path} path failed {WARMUP_TRIES} times: "
+                                   f"{failed[0].error}")
         self.timings["warmup_s"] = time.monotonic() - t0
 
     def all(self, schedule: list[ScheduledRequest]) -> None:
