@@ -121,7 +121,8 @@ def transfer_config(settings: Settings, engine: str, rendezvous: Path | list[Pat
                    "kv_connector_extra_config": ConnectorConfig(
                        harness_settings(settings, rendezvous, stats_path), TransportSettings(),
                        ObserverParams(observed=s.connector)).to_dict()}
-        mine = {k: v for k, v in out.items() if k != "kv_load_failure_policy"}
+        # the engine's id at the top, which vLLM's MultiConnector hands each connector (it refuses one in both)
+        mine = {k: v for k, v in out.items() if k not in ("kv_load_failure_policy", "engine_id")}
         multi = {k: v for k, v in out.items() if k != "kv_connector_module_path"}
         return {**multi, "kv_connector": "MultiConnector", "kv_connector_extra_config": {"connectors": [mine, watcher]}}
     if not s.module:

@@ -264,10 +264,11 @@ def test_vllm_connectors_on_the_edge_prompts(results_dir, tmp_path_factory, name
 
 # after one receive (make test-full), and after layer-by-layer loads: make test's, on the engines of
 # the layerwise run before it (the negative control travels with the requests: the same engines), and
-# after NIXL loaded it, by the observer beside vLLM's connector (on the engines of the vllm_nixl run)
-@pytest.fixture(scope="module", params=cells(["fused", "layerwise", "vllm_nixl"], {"layerwise", "vllm_nixl"}))
+# after NIXL or Mooncake loaded it, by the observer beside vLLM's connector (on the engines of its run)
+@pytest.fixture(scope="module", params=cells(["fused", "layerwise", "vllm_nixl", "vllm_mooncake"],
+                                             {"layerwise", "vllm_nixl"}))
 def corrupted_run(request, results_dir, tmp_path_factory):
-    strategy = NIXL if request.param == "vllm_nixl" else (f"strategy={request.param}",)
+    strategy = VLLM_CONNECTORS.get(request.param, (f"strategy={request.param}",))
     return harness_on_edge_prompts(results_dir, tmp_path_factory, f"corrupt-{request.param}", *strategy,
                                    "check.corrupt=true")
 
