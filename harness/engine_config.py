@@ -98,6 +98,26 @@ def engine_env(cfg: DictConfig, device: str, gpu: int, role: str | None = None) 
     return env
 
 
+def connector_env(settings: Settings, role: str) -> dict:
+    """What vLLM's own connector of a prefill or decode engine needs in its environment, ports
+    picked per engine: NIXL's side channel for its handshake (relay), Mooncake's address and the
+    prefill engine's bootstrap server, which tells decode workers where its workers listen (bootstrap)."""
+    env = {}
+    if settings.relays:
+        env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_channel_port()))
+    if handoff(settings.cfg.strategy) == "bootstrap":
+        env.update(VLLM_HOST_IP="127.0.0.1")  # Mooncake's workers' addresses: else the default route's
+        if role == "prefill":
+            env.update(VLLM_MOONCAKE_BOOTSTRAP_PORT=str(side_channel_port()))
+    return env
+
+
+def bootstrap_url(env: dict) -> str | None:
+    """The bootstrap server of a prefill engine started with `env` (connector_env), if it has one."""
+    port = env.get("VLLM_MOONCAKE_BOOTSTRAP_PORT")
+    return f"http://127.0.0.1:{port}" if port else None
+
+
 def transfer_config(settings: Settings, engine: str, rendezvous: Path | list[Path], stats_path: Path) -> dict:
     """vLLM's kv_transfer_config for the prefill or decode engine. This project's connectors get
     what the harness sets, the strategy's own params and the transport's settings in sections of

@@ -301,7 +301,8 @@ def test_mooncake_starts_through_its_cpu_class_and_decode_requests_name_the_pref
     prefill, decode = (transfer_config(settle(cfg, "cpu"), e, tmp_path / "p", tmp_path / e)
                        for e in ("prefill", "decode"))
     mooncake = prefill["kv_connector_extra_config"]["connectors"][0]
-    assert "kv_connector_module_path" not in prefill and prefill["engine_id"] == "prefill" and "engine_id" not in mooncake
+    assert "kv_connector_module_path" not in prefill and prefill["engine_id"] == "prefill"
+    assert "engine_id" not in mooncake
     assert mooncake["kv_connector_module_path"] == "transfer_strategies.vllm_on_cpu" == VLLM_ON_CPU
     assert mooncake["kv_connector_extra_config"] == {"mooncake_protocol": "tcp", "num_workers": 2}
     assert "engine_id" not in decode

@@ -15,10 +15,11 @@ from omegaconf import DictConfig
 
 from harness.engine_config import (
     PREFILL_ENGINE_ID,
+    bootstrap_url,
     channel_files,
+    connector_env,
     engine_args,
     engine_env,
-    side_channel_port,
     transfer_config,
 )
 from harness.engine_process import EngineDied, EngineProcess, wait_ready
@@ -133,19 +134,9 @@ class OfflineDeployment:
 
     def _env(self, name: str) -> dict:
         env = engine_env(self.settings.cfg, self.settings.device, self.specs[name][1], name)
-        if name != "baseline" and self.settings.relays:
-            # vLLM's NIXL connector listens on a side channel per engine for the handshake
-            env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1", VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_channel_port()))
-        if name != "baseline" and handoff(self.cfg.strategy) == "bootstrap":
-            env.update(VLLM_HOST_IP="127.0.0.1")  # Mooncake's workers' addresses: else the default route's
-            if name == "prefill":  # its bootstrap server, which tells decode workers where its workers listen
-                env.update(VLLM_MOONCAKE_BOOTSTRAP_PORT=str(side_channel_port()))
+        if name != "baseline":
+            env.update(connector_env(self.settings, name))
         return env
-
-    def bootstrap(self) -> str | None:
-        """The prefill engine's bootstrap server (handoff bootstrap), where decode requests find it."""
-        port = self.envs["prefill"].get("VLLM_MOONCAKE_BOOTSTRAP_PORT")
-        return f"http://127.0.0.1:{port}" if port else None
 
     def _start(self, *slots: str) -> list[EngineProcess]:
         """The slots' engines: taken from the pool where it kept them for this key (their prefix
@@ -230,7 +221,7 @@ class OfflineDeployment:
         decode = (self.engines["decode"], lambda p, r: sampling_params(
             cfg, cfg.sampling.max_tokens,
             handoff_params(s, "decode", tid(p), r[0], early, records=receives, corrupt=cfg.check.corrupt,
-                           bootstrap=self.bootstrap())))
+                           bootstrap=bootstrap_url(self.envs["prefill"]))))
         stages = [[prefill, decode]] if early else [[prefill], [decode]]
         pipeline(stages, workload, cfg.run.request_timeout_s, on_finish, phase=phase, aborts=aborts, request_id=tid)
 

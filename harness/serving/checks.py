@@ -10,7 +10,7 @@ import urllib.request
 from omegaconf import DictConfig
 
 from harness.serving.load import LoadError, LoadSpec
-from harness.serving.router import POLICIES
+from harness.serving.pool import POLICIES
 from harness.serving.schedule import load_spec
 from harness.settings import relays
 from harness.workload import Workload

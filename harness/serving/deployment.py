@@ -11,10 +11,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from harness import process_group
-from harness.engine_config import engine_args, engine_env, side_channel_port, transfer_config
+from harness.engine_config import bootstrap_url, connector_env, engine_args, engine_env, transfer_config
 from harness.records.files import write_json
 from harness.serving.instances import InstanceDied, ServerProcess, router_process, vllm_instance
 from harness.settings import Settings, first_gpu, instance_counts
+from harness.settings import handoff as handoff_of
 from transfer_strategies.transport import remove_leftovers
 
 
@@ -68,14 +69,17 @@ class ServingDeployment:
                                  run_dir / f"{p}-transfers.jsonl") for p in self.prefill_names}
         kv.update({d: transfer_config(settings, "decode", ends([self.channels[p, d] for p in self.prefill_names]),
                                       run_dir / f"{d}-transfers.jsonl") for d in self.decode_names})
+        self.bootstrap: dict[str, str | None] = {}  # a prefill instance's bootstrap server (handoff bootstrap)
         for names in (self.baseline_names, self.prefill_names, self.decode_names):
             for i, name in enumerate(names):
                 role = name.rstrip("0123456789")
                 gpu = first_gpu(settings, role, i)
                 env = engine_env(settings.cfg, device, gpu if device != "cuda" else gpu % gpu_count())
-                if name in kv and settings.relays:  # vLLM's NIXL handshake: a side channel per engine
-                    env.update(VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
-                               VLLM_NIXL_SIDE_CHANNEL_PORT=str(side_channel_port()))
+                if name in kv:
+                    env.update(connector_env(settings, role))
+                    if "engine_id" in kv[name]:  # each prefill instance its own (the router asks its bootstrap server)
+                        kv[name]["engine_id"] = name
+                    self.bootstrap[name] = bootstrap_url(env)
                 kv_args = {"kv_transfer_config": kv[name]} if name in kv else {}
                 self.servers[name] = vllm_instance(name, {**engine_args(settings, role), **kv_args}, env,
                                                    run_dir / f"{name}.log")
@@ -94,8 +98,9 @@ class ServingDeployment:
         # the routers once the instances' ports are theirs (an instance whose port was taken has another)
         cfg, s = self.cfg, self.cfg.serve
         hang_s = max(cfg.run.request_timeout_s, cfg.run.startup_timeout_s)
-        handoff = ["--handoff", "relay" if self.settings.relays else "push", "--decode-submit",
-                   self.settings.decode_submit,
+        handoff = ["--handoff", handoff_of(cfg.strategy), "--decode-submit", self.settings.decode_submit,
+                   *[a for p in self.prefill_names if self.bootstrap.get(p)
+                     for a in ("--bootstrap", self.bootstrap[p])],
                    # the client holds requests to run.request_timeout_s; the router only drops upstreams
                    # that hang (the warm-up's first use may take as long as a start-up)
                    "--policy", s.policy, *(["--prefill-policy", s.prefill_policy] if s.prefill_policy else []),

@@ -14,6 +14,9 @@ is the connectors' business; the router only carries what ties the two requests 
 - relay (vLLM's NIXL connectors): the prefill request asks the instance to keep the KV for a remote
   decode (do_remote_decode); its answer's kv_transfer_params go with the decode request, both
   with the transfer id for the observer beside NIXL (transfer_strategies/observer.py).
+- bootstrap (vLLM's Mooncake connector): as relay, but the decode request names the prefill
+  instance up front: its engine id (asked once of its bootstrap server, --bootstrap, at /query) and
+  that server's URL; its workers then write the KV into the decode instance's blocks.
 With several instances per side it picks by round robin, by fewest outstanding requests, or by
 the prompt's first tokens (prefix_hash: a shared prefix meets its prefix cache), each side its own.
 Without prefill instances it is a plain load balancer over the others (colocated instances
@@ -38,8 +41,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hashlib
-import itertools
 import json
 import sys
 import time
@@ -48,10 +49,10 @@ import uuid
 import aiohttp
 from aiohttp import web
 
+from harness.serving.pool import POLICIES, Pool
+from harness.settings import HANDOFFS
 from transfer_strategies.kv_transfer_params import FAULT_KINDS, push_params
 
-POLICIES = ("round_robin", "least_outstanding", "prefix_hash")
-PREFIX_TOKENS = 64  # prefix_hash: a prompt's first tokens (4 blocks of vLLM's default 16) pick its instance
 MARKS, ID = "X-Router-Marks", "X-Request-Id"
 FAULT_HEADER = "X-KV-Fault"
 
@@ -100,57 +101,17 @@ def without_first_token(chunk: dict, answer: dict) -> dict | None:
     return chunk
 
 
-def prefix_key(body: dict, tokens: int = PREFIX_TOKENS) -> bytes:
-    """What identifies a request's prefix: its prompt's first token ids, or (a text prompt, chat
-    messages) the first 4 characters a token of its text."""
-    prompt = body.get("prompt", body.get("messages"))
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-        return json.dumps(prompt[:tokens]).encode()
-    text = prompt if isinstance(prompt, str) else json.dumps(prompt)
-    return text[:4 * tokens].encode()
-
-
-class Pool:
-    """The instances of one side, and how many requests each has in flight through this router."""
-
-    def __init__(self, urls: list[str], policy: str):
-        if not urls:
-            raise ValueError("a pool needs at least one instance URL")
-        if policy not in POLICIES:
-            raise ValueError(f"unknown policy {policy!r}: one of {', '.join(POLICIES)}")
-        self.urls = [u.rstrip("/") for u in urls]
-        self.policy = policy
-        self.outstanding = dict.fromkeys(self.urls, 0)
-        self._turn = itertools.cycle(self.urls)
-
-    def pick(self, body: dict | None = None) -> str:
-        """The instance for the next request (body: the request's, for prefix_hash), counted
-        outstanding from now (requests sent together see each other); `done` when its answer is over."""
-        if self.policy == "round_robin":
-            url = next(self._turn)
-        elif self.policy == "prefix_hash":
-            # rendezvous hashing: the instance whose hash with the prompt's first tokens is highest,
-            # so prompts that share them meet their prefix cache there, and an instance added or
-            # removed moves only the prefixes it wins or held
-            key = prefix_key(body or {})
-            url = max(self.urls, key=lambda u: hashlib.blake2b(u.encode() + b"\0" + key, digest_size=8).digest())
-        else:
-            url = min(self.urls, key=lambda u: self.outstanding[u])  # ties: the first listed
-        self.outstanding[url] += 1
-        return url
-
-    def done(self, url: str) -> None:
-        self.outstanding[url] -= 1
-
-
 class Router:
     def __init__(self, prefill: list[str], decode: list[str], policy: str = "round_robin", handoff: str = "push",
                  decode_submit: str = "early", timeout_s: float = 600.0, stream_prefill_token: bool = False,
-                 corrupt: bool = False, prefill_policy: str | None = None):
+                 corrupt: bool = False, prefill_policy: str | None = None, bootstrap: list[str] | None = None):
         """policy: how each side picks its instance; prefill_policy: the prefill side's instead
-        (e.g. prefix_hash for prefill, least_outstanding for decode)."""
-        if handoff not in ("push", "relay"):
-            raise ValueError(f"unknown handoff {handoff!r}: push or relay")
+        (e.g. prefix_hash for prefill, least_outstanding for decode); bootstrap: each prefill
+        instance's bootstrap server (a bootstrap handoff), in their order."""
+        if handoff not in HANDOFFS:
+            raise ValueError(f"unknown handoff {handoff!r}: one of {', '.join(HANDOFFS)}")
+        if handoff == "bootstrap" and len(bootstrap or []) != len(prefill):
+            raise ValueError("a bootstrap handoff needs a --bootstrap URL for each --prefill instance, in their order")
         if decode_submit not in ("early", "after_prefill"):
             raise ValueError(f"unknown decode_submit {decode_submit!r}: early or after_prefill")
         if handoff == "relay" and decode_submit == "early":
@@ -158,6 +119,8 @@ class Router:
         self.prefill = Pool(prefill, prefill_policy or policy) if prefill else None
         self.decode = Pool(decode, policy)
         self.handoff, self.decode_submit = handoff, decode_submit
+        self.bootstrap = dict(zip(self.prefill.urls, [b.rstrip("/") for b in bootstrap or []])) if prefill else {}
+        self.engine_ids: dict[str, str] = {}  # a prefill instance's engine id, from its bootstrap server
         self.stream_prefill_token = stream_prefill_token
         # the negative control: every decode request asks for its KV damaged (relay: by the observer)
         self.corrupt = corrupt
@@ -169,7 +132,7 @@ class Router:
     def prefill_body(self, body: dict, transfer_id: str, fault: dict | None = None, d_url: str | None = None) -> dict:
         """d_url: the decode instance this request's decode half goes to; a push prefill instance
         sends the KV there (its place among --decode: the prefill worker's channels are in that order)."""
-        if self.handoff == "relay":
+        if self.handoff != "push":
             params = {"do_remote_decode": True, **push_params(transfer_id)}
         else:
             peer = self.decode.urls.index(d_url) if d_url is not None and len(self.decode.urls) > 1 else None
@@ -179,8 +142,12 @@ class Router:
         out.pop("max_completion_tokens", None)
         return out
 
-    def decode_body(self, body: dict, transfer_id: str, prefill_answer: dict | None) -> dict:
-        if self.handoff == "relay":
+    def decode_body(self, body: dict, transfer_id: str, prefill_answer: dict | None,
+                    remote: dict | None = None) -> dict:
+        """remote: where a bootstrap handoff's KV is (remote_engine_id, remote_bootstrap_addr)."""
+        if self.handoff == "bootstrap":
+            params = {"do_remote_prefill": True, **remote, **push_params(transfer_id, corrupt=self.corrupt)}
+        elif self.handoff == "relay":
             params = (prefill_answer or {}).get("kv_transfer_params")
             if not params:
                 raise web.HTTPBadGateway(text="the prefill instance returned no kv_transfer_params")
@@ -188,6 +155,18 @@ class Router:
         else:
             params = push_params(transfer_id, early=self.decode_submit == "early", corrupt=self.corrupt)
         return {**body, "kv_transfer_params": params}
+
+    async def _remote(self, p_url: str) -> dict:
+        """A bootstrap handoff's kv_transfer_params naming the prefill instance p_url."""
+        addr = self.bootstrap[p_url]
+        if p_url not in self.engine_ids:
+            try:
+                async with self.session.get(addr + "/query") as r:
+                    ranks = await r.json(content_type=None)
+            except aiohttp.ClientError as e:
+                raise web.HTTPBadGateway(text=f"bootstrap server {addr}: {type(e).__name__}: {e}") from None
+            self.engine_ids[p_url] = ranks[min(ranks, key=int)]["engine_id"]  # data-parallel rank 0's
+        return {"remote_engine_id": self.engine_ids[p_url], "remote_bootstrap_addr": addr}
 
     async def _prefill(self, url: str, path: str, body: dict) -> dict:
         try:
@@ -206,7 +185,7 @@ class Router:
         transfer_id = request.headers.get(ID) or f"router-{uuid.uuid4().hex}"
         fault = None
         if FAULT_HEADER in request.headers:
-            if self.prefill is None or self.handoff == "relay":
+            if self.prefill is None or self.handoff != "push":
                 raise web.HTTPBadRequest(text=f"{FAULT_HEADER}: faults are injected by this project's connectors "
                                               f"between prefill and decode instances (a push handoff)")
             fault = fault_header(request.headers[FAULT_HEADER])
@@ -246,8 +225,9 @@ class Router:
             answer = None
             if self.decode_submit == "after_prefill":
                 answer = await prefill
+            remote = await self._remote(p_url) if self.handoff == "bootstrap" else None
             decode = asyncio.ensure_future(self._relay_decode(
-                request, d_url, self.decode_body(body, transfer_id, answer), transfer_id,
+                request, d_url, self.decode_body(body, transfer_id, answer, remote), transfer_id,
                 out=out, after=prefill if out is not None else None, drop_first=first, marks=marks))
             try:
                 # a failed prefill ends the decode request at once (else it would wait, parked, for KV
@@ -369,10 +349,12 @@ def argument_parser() -> argparse.ArgumentParser:
     ap.add_argument("--policy", choices=POLICIES, default="round_robin",
                     help="how each side picks its instance (prefix_hash: by the prompt's first tokens)")
     ap.add_argument("--prefill-policy", choices=POLICIES, default=None, help="the prefill side's, if not --policy")
-    ap.add_argument("--handoff", choices=("push", "relay"), default="push",
-                    help="push: this project's connectors; relay: vLLM's NIXL connectors")
+    ap.add_argument("--handoff", choices=HANDOFFS, default="push",
+                    help="push: this project's connectors; relay: vLLM's NIXL connectors; bootstrap: vLLM's Mooncake")
+    ap.add_argument("--bootstrap", action="append", default=[], metavar="URL",
+                    help="a bootstrap handoff: each --prefill instance's bootstrap server, in their order")
     ap.add_argument("--decode-submit", choices=("early", "after_prefill"), default=None,
-                    help="default: early for push, after_prefill for relay")
+                    help="default: early for push and bootstrap, after_prefill for relay")
     ap.add_argument("--timeout-s", type=float, default=600.0,
                     help="an upstream instance that makes no progress for this long fails the request")
     ap.add_argument("--stream-prefill-token", action="store_true",
@@ -384,10 +366,10 @@ def argument_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = argument_parser().parse_args(argv)
-    submit = args.decode_submit or ("early" if args.handoff == "push" else "after_prefill")
+    submit = args.decode_submit or ("after_prefill" if args.handoff == "relay" else "early")
     try:
         router = Router(args.prefill, args.decode, args.policy, args.handoff, submit, args.timeout_s,
-                        args.stream_prefill_token, args.corrupt, args.prefill_policy)
+                        args.stream_prefill_token, args.corrupt, args.prefill_policy, args.bootstrap)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
