@@ -633,30 +633,45 @@ def test_each_instance_starts_on_its_sides_gpu_plus_its_place_times_its_tp_degre
 def test_both_instances_get_the_client_request_id_as_vllms_proxy_sends_it():
     """vLLM's NIXL push connector pairs a decode request with its prefill request by the request id
     (vllm serve takes it from X-Request-Id): the router sends the transfer id as that header to both
-    instances, with either handoff."""
+    instances, with every handoff. A bootstrap handoff (vLLM's Mooncake connector) names the prefill
+    instance in the decode request: the engine id its bootstrap server gives, asked once."""
     import asyncio
 
     from aiohttp import web
     from aiohttp.test_utils import TestClient, TestServer
 
-    async def run(handoff: str) -> list[tuple[str, str]]:
-        seen = []
+    async def run(handoff: str) -> tuple[list, dict, int, str]:
+        seen, decode_params, queries = [], {}, []
 
         async def instance(request: web.Request) -> web.Response:
             body = await request.json()
             seen.append((body["max_tokens"], request.headers.get("X-Request-Id")))
+            if body["max_tokens"] > 1:
+                decode_params.update(body["kv_transfer_params"])
             return web.json_response({"choices": [{"text": "x"}], "kv_transfer_params": {"remote_block_ids": [[1]]}})
+
+        async def query(request: web.Request) -> web.Response:  # Mooncake's bootstrap server
+            queries.append(1)
+            return web.json_response({"0": {"engine_id": "prefill-9", "worker_addr": {}}})
 
         upstream = web.Application()
         upstream.router.add_post("/v1/completions", instance)
+        upstream.router.add_get("/query", query)
         async with TestServer(upstream) as up:
             url = str(up.make_url("")).rstrip("/")
-            router = Router([url], [url], handoff=handoff, decode_submit="after_prefill")
+            router = Router([url], [url], handoff=handoff, decode_submit="after_prefill",
+                            bootstrap=[url] if handoff == "bootstrap" else None)
             async with TestClient(TestServer(router.app())) as client:
-                r = await client.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 4},
-                                      headers={"X-Request-Id": "req-7"})
-                assert r.status == 200 and r.headers["X-Transfer-Id"] == "req-7"
-        return seen
+                for _ in range(2):
+                    r = await client.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 4},
+                                          headers={"X-Request-Id": "req-7"})
+                    assert r.status == 200 and r.headers["X-Transfer-Id"] == "req-7"
+        return seen, decode_params, len(queries), url
 
-    for handoff in ("push", "relay"):
-        assert sorted(asyncio.run(run(handoff))) == [(1, "req-7"), (4, "req-7")]
+    for handoff in ("push", "relay", "bootstrap"):
+        seen, params, queries, url = asyncio.run(run(handoff))
+        assert sorted(seen) == [(1, "req-7")] * 2 + [(4, "req-7")] * 2 and params["transfer_id"] == "req-7"
+    assert params["remote_engine_id"] == "prefill-9" and params["do_remote_prefill"] is True and queries == 1
+    assert params["remote_bootstrap_addr"] == url
+    with pytest.raises(ValueError, match="a --bootstrap URL for each --prefill"):
+        Router(["http://p"], ["http://d"], handoff="bootstrap")
