@@ -84,6 +84,9 @@ def test_a_server_whose_port_was_taken_starts_again_on_another(tmp_path):
             else:
                 with pytest.raises(InstanceDied, match="something else went wrong"):
                     server.wait_healthy(30)
+                # a dead instance asked for its metrics (the KV usage at a run's end) says it died
+                with pytest.raises(InstanceDied, match="something else went wrong"):
+                    server.metric("vllm:kv_cache_usage_perc")
         finally:
             server.stop(1)
 
@@ -372,10 +375,12 @@ def test_vllm_mooncake_serves_behind_the_router_but_not_yet_beside_the_observer(
     s = run.summary
     assert s["status"] == "ok" and s["match_rate"] == 1.0 and s["requests"] == s["ok"] == 4
     assert s["kv_cache_usage_at_end"] == {"prefill": 0.0, "decode": 0.0}
+    shm_before = shm_now()
     observed = run_harness(results_dir / "serve-mooncake-observed", *mooncake)
     assert observed.code == 3, observed.stderr[-3000:]
     logs = "".join((observed.run_dir / f"{name}.log").read_text() for name in ("prefill", "decode"))
     assert "MooncakeConnector is not contained in the list of registered connectors" in logs
+    assert left_in_shm(shm_before) == set()  # what the instance whose engine died had mapped too
 
 
 @pytest.mark.engine

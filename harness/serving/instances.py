@@ -87,6 +87,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self._log_from = 0  # where this start's lines begin in the log
         self._attempts = 0
+        self.segments: set[str] = set()  # /dev/shm files its processes mapped once it was healthy
 
     @property
     def url(self) -> str:
@@ -144,6 +145,10 @@ class ServerProcess:
                 self.stop(grace_s=1)
                 self.start()
             if self.healthy():
+                # what it maps now, removed at stop() too if none maps it then: an instance whose
+                # engine died before it was stopped maps nothing any more (vLLM's MultiConnector
+                # crash left 400 MiB of psm_* segments so)
+                self.segments = process_group.segments_of_group(self.proc.pid)
                 return
             time.sleep(0.5)
         raise InstanceDied(f"instance {self.name} ({self.url}) not healthy within {timeout_s:.0f} s; "
@@ -151,8 +156,13 @@ class ServerProcess:
 
     def metric(self, name: str) -> float | None:
         """One Prometheus gauge from /metrics (summed over its label sets), e.g. vllm:kv_cache_usage_perc."""
-        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
-            text = r.read().decode()
+        try:
+            with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except (urllib.error.URLError, ConnectionError):
+            if not self.alive():  # it died after the last request (vLLM's MultiConnector at its stats, once)
+                raise InstanceDied(self.failure_message()) from None
+            raise
         values = [s.value for family in text_string_to_metric_families(text) for s in family.samples
                   if s.name == name]
         return sum(values) if values else None
@@ -164,7 +174,7 @@ class ServerProcess:
         (vLLM's message queues between API server and engine core) are removed (harness/process_group.py)."""
         if self.proc is None:
             return
-        segments = process_group.segments_of_group(self.proc.pid)
+        segments = self.segments | process_group.segments_of_group(self.proc.pid)
         try:
             self._stop_group(grace_s)
         finally:
