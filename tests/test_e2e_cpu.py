@@ -20,7 +20,7 @@ from harness.records.fields import TIMELINE
 from harness.records.schema import OVERHEAD_PARTS
 from harness.resolvers import built_in_strategies
 from harness.workload import is_warmup
-from tests.conftest import FULL, ROOT, cells, compose_config, run_harness
+from tests.conftest import FULL, ROOT, cells, compose_config, run_harness, write_token_prompts
 from tests.helpers.runs import BLOCK, EXTENDED, SHARED_PREFIX, edge_prompts, harness_on_edge_prompts
 
 pytestmark = pytest.mark.engine
@@ -260,6 +260,26 @@ def test_vllm_connectors_on_the_edge_prompts(results_dir, tmp_path_factory, name
     # notice that the KV was read (NIXL) or written (Mooncake), which the idle engine takes
     # (engine_process._settle); its engines are kept for the next run (vllm_nixl's negative control)
     assert s["kv_blocks_in_use"] == {"prefill": 0, "decode": 0}
+
+
+# The same prompt of two whole blocks twice, one at a time: the second time the decode engine holds
+# all of it, but vLLM takes at most N-1 tokens of a cache hit (it computes the last token again),
+# so it takes the first block from its cache and the connector must load the second's first 31
+# tokens into a block of its own, no more (the N against N-1 case, which LMCache's and vLLM's
+# issues report as outputs wrong from the first token while the logs look healthy)
+@pytest.mark.parametrize("name", cells(["fused", *VLLM_CONNECTORS], set()))
+def test_a_prompt_the_decode_engine_holds_whole_loads_all_but_its_last_token(results_dir, tmp_path_factory, name):
+    prompt = edge_prompts()[EXTENDED[1]]
+    assert len(prompt) == 2 * BLOCK
+    prompts = write_token_prompts(tmp_path_factory.mktemp(f"whole-{name}") / "prompts.jsonl", [prompt, prompt])
+    run = run_harness(results_dir / f"e2e-whole-{name}", "workload=jsonl", f"workload.path={prompts}",
+                      "workload.concurrency=1", "sampling.max_tokens=8",
+                      *VLLM_CONNECTORS.get(name, (f"strategy={name}",)))
+    assert run.code == 0, run.stderr[-3000:]
+    first, again = sorted(run.jsonl("requests.jsonl"), key=lambda r: r["prompt_idx"])
+    assert (first["skip_blocks"], first["decode_loaded_tokens"]) == (0, 2 * BLOCK - 1)
+    assert (again["skip_blocks"], again["decode_loaded_tokens"], again["decode_computed_tokens"]) == (1, BLOCK - 1, 1)
+    assert all(r["match"] and r["digest_match"] is True and not r["kv_recomputed"] for r in (first, again))
 
 
 # after one receive (make test-full), and after layer-by-layer loads: make test's, on the engines of
