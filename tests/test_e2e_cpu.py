@@ -282,6 +282,21 @@ def test_a_prompt_the_decode_engine_holds_whole_loads_all_but_its_last_token(res
     assert all(r["match"] and r["digest_match"] is True and not r["kv_recomputed"] for r in (first, again))
 
 
+@pytest.mark.parametrize("name", cells(list(VLLM_CONNECTORS), set()))
+def test_vllm_connectors_free_what_aborted_requests_held_and_reuse_it_intact(results_dir, name):
+    """scenario=aborts against vLLM's connectors: half of the requests abandoned at a random point
+    of their first 60 ms, while the KV is computed, in flight or loading; no KV block stays held on
+    either engine, and every other request, on blocks the aborted ones held, matches with its
+    digests (this project's strategies: tests/test_scenarios_cpu.py)."""
+    run = run_harness(results_dir / f"e2e-aborts-{name}", "scenario=aborts", *VLLM_CONNECTORS[name])
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "ok" and s["requests"] == 16 and s["aborted"] >= 1
+    assert s["kv_blocks_in_use"] == {"prefill": 0, "decode": 0} and s["digest_failures"] == 0
+    kept = [r for r in run.jsonl("requests.jsonl") if not r["aborted"]]
+    assert kept and all(r["match"] and r["digest_match"] is True for r in kept)
+
+
 # after one receive (make test-full), and after layer-by-layer loads: make test's, on the engines of
 # the layerwise run before it (the negative control travels with the requests: the same engines), and
 # after NIXL or Mooncake loaded it, by the observer beside vLLM's connector (on the engines of its run)
