@@ -216,12 +216,13 @@ class OfflineDeployment:
         cfg, s, tid = self.cfg, self.cfg.strategy, self.transfer_id
         early = self.settings.early
         sends, receives = self.stats_paths
+        bootstrap = bootstrap_url(self.envs["prefill"])
         prefill = (self.engines["prefill"], lambda p, r: sampling_params(
             cfg, 1, handoff_params(s, "prefill", tid(p), None, records=sends, fault=fault_for(cfg, p))))
         decode = (self.engines["decode"], lambda p, r: sampling_params(
             cfg, cfg.sampling.max_tokens,
             handoff_params(s, "decode", tid(p), r[0], early, records=receives, corrupt=cfg.check.corrupt,
-                           bootstrap=bootstrap_url(self.envs["prefill"]))))
+                           bootstrap=bootstrap)))
         stages = [[prefill, decode]] if early else [[prefill], [decode]]
         pipeline(stages, workload, cfg.run.request_timeout_s, on_finish, phase=phase, aborts=aborts, request_id=tid)
 

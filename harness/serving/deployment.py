@@ -14,8 +14,7 @@ from harness import process_group
 from harness.engine_config import bootstrap_url, connector_env, engine_args, engine_env, transfer_config
 from harness.records.files import write_json
 from harness.serving.instances import InstanceDied, ServerProcess, router_process, vllm_instance
-from harness.settings import Settings, first_gpu, instance_counts
-from harness.settings import handoff as handoff_of
+from harness.settings import Settings, first_gpu, handoff, instance_counts
 from transfer_strategies.transport import remove_leftovers
 
 
@@ -98,7 +97,7 @@ class ServingDeployment:
         # the routers once the instances' ports are theirs (an instance whose port was taken has another)
         cfg, s = self.cfg, self.cfg.serve
         hang_s = max(cfg.run.request_timeout_s, cfg.run.startup_timeout_s)
-        handoff = ["--handoff", handoff_of(cfg.strategy), "--decode-submit", self.settings.decode_submit,
+        router_args = ["--handoff", handoff(cfg.strategy), "--decode-submit", self.settings.decode_submit,
                    *[a for p in self.prefill_names if self.bootstrap.get(p)
                      for a in ("--bootstrap", self.bootstrap[p])],
                    # the client holds requests to run.request_timeout_s; the router only drops upstreams
@@ -115,7 +114,7 @@ class ServingDeployment:
             routers["baseline_router"] = "baseline"
         self.servers["router"] = router_process(
             "router", [self.servers[p].url for p in self.prefill_names],
-            [self.servers[d].url for d in self.decode_names], self.run_dir / "router.log", *handoff)
+            [self.servers[d].url for d in self.decode_names], self.run_dir / "router.log", *router_args)
         for name in routers:
             self.servers[name].start().wait_healthy(60)
         self.urls = {path: self.servers[name].url for name, path in routers.items()}
