@@ -88,15 +88,16 @@ def fault_for(cfg: DictConfig, p: Prompt) -> dict | None:
 
 @dataclass
 class Abort:
-    after_s: float  # after the prompt's first request was submitted
+    after_s: float  # after its request on each of those engines was submitted
     engines: tuple[str, ...]  # whose requests: ("prefill",), ("decode",) or both
 
 
 def abort_plan(workload: Workload, cfg: DictConfig) -> dict[int, Abort]:
     """scenario.aborts ({fraction, max_delay_ms, sides}) as prompt index -> Abort: that share of
-    the prompts, each at a random point in its first max_delay_ms (during its prefill, its
-    transfer or its decode, depending on the prompt), on one of the sides (the prefill engine,
-    the decode engine or both; default: any), seeded by engine.seed."""
+    the prompts, each at a random point in the first max_delay_ms of its request on that side
+    (during its prefill, its transfer or its decode, depending on the prompt; a decode request
+    sent only once the prefill answered is abandoned while it loads or decodes), on one of the
+    sides (the prefill engine, the decode engine or both; default: any), seeded by engine.seed."""
     spec = cfg.scenario.get("aborts")
     if not spec:
         return {}

@@ -3,12 +3,14 @@ and what it provokes is seeded and the same for both runners (tests/test_scenari
 each scenario on engines)."""
 
 import random
+import time
 
 import pytest
 from omegaconf import OmegaConf
 
 from harness import scenario
 from harness.checks import ConfigError, check_settings
+from harness.offline import pipeline as pipeline_module
 from harness.records import provoked
 from harness.workload import Prompt, Workload
 from tests.conftest import ROOT, compose_config
@@ -89,3 +91,67 @@ def test_every_scenario_says_what_it_provokes_and_what_its_run_must_show():
     text = (ROOT / "docs" / "configuration.md").read_text()
     assert doc_tables.scenario_table() in text, "python scripts/doc_tables.py"
     assert all(f"| `{p.stem}` |" in text for p in (ROOT / "conf" / "scenario").glob("*.yaml"))
+
+
+class StandInEngine:
+    """An engine for the offline pipeline that answers a request `takes_s` after it came (never:
+    None) and an abort at once, as harness/engine_process.py reports them."""
+
+    def __init__(self, name: str, takes_s: float | None):
+        self.name, self.takes_s = name, takes_s
+        self.due: dict[str, float] = {}  # live request id -> when it finishes on its own
+        self.events: list[dict] = []
+        self.submitted_at: dict[str, float] = {}
+        self.aborted_at: dict[str, float] = {}
+
+    def submit(self, req_id, token_ids, sampling):
+        self.submitted_at[req_id] = time.monotonic()
+        self.due[req_id] = time.monotonic() + self.takes_s if self.takes_s is not None else float("inf")
+
+    def abort(self, req_id):
+        if self.due.pop(req_id, None) is not None:
+            now = self.aborted_at[req_id] = time.monotonic()
+            self.events.append({"req_id": req_id, "token_ids": [], "logprobs": None, "first_token_t": now,
+                                "finished_t": now, "finish_reason": "abort"})
+
+    def next_events(self, wait_s: float) -> list[dict]:
+        now = time.monotonic()
+        for rid in [r for r, t in self.due.items() if t <= now]:
+            del self.due[rid]
+            self.events.append({"req_id": rid, "token_ids": [7], "logprobs": None, "first_token_t": now,
+                                "finished_t": now, "finish_reason": "length"})
+        out, self.events = self.events, []
+        return out
+
+
+def relay_pipeline(monkeypatch, prefill_s, decode_s, abort: scenario.Abort):
+    """One prompt through a prefill engine, then a decode engine (the relay of vLLM's connectors:
+    the decode request goes once the prefill answered), with one abort planned."""
+    engines = [StandInEngine("prefill", prefill_s), StandInEngine("decode", decode_s)]
+
+    def next_events(engs, wait_s):
+        time.sleep(min(wait_s, 0.005))
+        return [(e, "done", info) for e in engs for info in e.next_events(wait_s)]
+    monkeypatch.setattr(pipeline_module, "next_events", next_events)
+    finished = []
+    stages = [[(engines[0], lambda p, r: {})], [(engines[1], lambda p, r: {})]]
+    pipeline_module.pipeline(stages, Workload("w", [Prompt(0, [1, 2, 3])]), 3.0,
+                             lambda p, t0, results: finished.append(results), aborts={0: abort})
+    return engines, finished[0]
+
+
+def test_a_decode_side_abort_is_timed_from_the_decode_requests_own_submission(monkeypatch):
+    """Sent only once the prefill answered (50 ms here), the decode request is still abandoned
+    10 ms into its own life: timed from the prompt's first submission, the abort would have found
+    no decode request yet, and this decode request, which never ends by itself, would hang."""
+    (prefill, decode), (pre, dec) = relay_pipeline(monkeypatch, 0.05, None, scenario.Abort(0.01, ("decode",)))
+    assert pre["finish_reason"] == "length" and dec["finish_reason"] == "abort"
+    assert decode.aborted_at["0"] - decode.submitted_at["0"] >= 0.01
+
+
+def test_a_prompt_whose_prefill_was_aborted_sends_no_decode_request(monkeypatch):
+    """As a router would not: the decode request would carry the prefill's answer (vLLM's
+    connectors), which an aborted prefill never gives."""
+    (prefill, decode), (pre, dec) = relay_pipeline(monkeypatch, None, 0.01, scenario.Abort(0.01, ("prefill", "decode")))
+    assert pre["finish_reason"] == "abort" and dec["finish_reason"] == "not_sent"
+    assert not decode.submitted_at

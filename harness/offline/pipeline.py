@@ -15,6 +15,10 @@ from harness.engine_process import EngineDied, EngineProcess, next_events
 from harness.scenario import Abort
 from harness.workload import Prompt, Workload
 
+# the result of a request not sent because an earlier one of its prompt was aborted (relay: the
+# prefill request, whose answer the decode request would have carried)
+NOT_SENT = {"token_ids": [], "logprobs": None, "finish_reason": "not_sent", "kv_transfer_params": None}
+
 
 @dataclass
 class _InFlight:
@@ -35,8 +39,9 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
     flight. A stage is one or more (engine, sampling) requests submitted together; the next stage
     starts when all of them have finished, and its sampling parameters may use the earlier
     results. on_finish gets the results in the order of the requests (each with `submitted_t`;
-    an aborted one's finish_reason is "abort"). aborts: prompt index -> when (after the prompt's
-    first submission) to abort its requests on which engines, if they are still running then.
+    an aborted one's finish_reason is "abort", and a prompt with an aborted request sends none of
+    its later stages: their results say "not_sent"). aborts: prompt index -> when (after each request's
+    submission) to abort its requests on which engines, if they are still running then.
     A prompt that follows another (a conversation's next turn) waits until that one has finished
     in this pass, on_finish included (which may build its token ids: Workload.answered).
     request_id: a prompt's requests' id on every engine (default: its index); vLLM's NIXL push
@@ -49,25 +54,33 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
     engines = list({id(e): e for stage in stages for e, _ in stage}.values())
     first_slot = [sum(len(s) for s in stages[:i]) for i in range(len(stages))]
 
+    due: list[tuple[float, _InFlight, str]] = []  # aborts not yet sent: when, whose, on which engine
+
     def submit(f: _InFlight) -> None:
         f.pending = len(stages[f.stage])
+        abort = (aborts or {}).get(f.prompt.index)
         for j, (engine, sampling) in enumerate(stages[f.stage]):
             rid = request_id(f.prompt) if request_id else str(f.prompt.index)
             active[engine.name, rid] = (f, first_slot[f.stage] + j, time.monotonic())
             engine.submit(rid, f.prompt.token_ids, sampling(f.prompt, f.results))
-
-    due: list[tuple[float, _InFlight, Abort]] = []  # aborts not yet sent
+            # timed from this request's own submission: a decode request sent only once the prefill
+            # answered (vLLM's connectors) is abandoned while it loads or decodes, as one sent early is
+            if abort is not None and engine.name in abort.engines:
+                due.append((time.monotonic() + abort.after_s, f, engine.name))
 
     def send_aborts() -> None:
         now = time.monotonic()
         for item in [d for d in due if d[0] <= now]:
             due.remove(item)
-            _, f, abort = item
-            for (name, rid), (g, _, _) in list(active.items()):
-                if g is f and name in abort.engines:
+            _, f, name = item
+            for (engine, rid), (g, _, _) in list(active.items()):
+                if g is f and engine == name:
                     next(e for e in engines if e.name == name).abort(rid)
 
     # live on one line in a terminal; in logs and CI a line every 10 s
+    def abandoned(f: _InFlight) -> bool:
+        return any(r is not None and r.get("finish_reason") == "abort" for r in f.results)
+
     progress = tqdm(total=len(workload.prompts), desc=phase or "+".join(e.name for e in engines), unit="req",
                     file=sys.stdout, mininterval=0.5 if sys.stdout.isatty() else 10, dynamic_ncols=True)
     last_progress = time.monotonic()
@@ -80,9 +93,6 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
                 waiting.remove(ready)
                 flights.append(_InFlight(ready, time.monotonic(), [None] * sum(map(len, stages))))
                 submit(flights[-1])
-                abort = (aborts or {}).get(flights[-1].prompt.index)
-                if abort is not None:
-                    due.append((flights[-1].t0 + abort.after_s, flights[-1], abort))
             wait_s = min([1.0] + [max(d[0] - time.monotonic(), 0.0) for d in due])
             events = next_events(engines, wait_s)
             send_aborts()
@@ -99,9 +109,13 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
                 if f.pending:
                     continue
                 f.stage += 1
-                if f.stage < len(stages):
+                if f.stage < len(stages) and not abandoned(f):
                     submit(f)
                 else:
+                    if f.stage < len(stages):  # a router sends nothing more for a client gone away
+                        now = time.monotonic()
+                        f.results = [r or dict(NOT_SENT, first_token_t=now, finished_t=now, submitted_t=None)
+                                     for r in f.results]
                     flights.remove(f)
                     on_finish(f.prompt, f.t0, f.results)
                     finished.add(f.prompt.index)

@@ -30,8 +30,8 @@ def disagg_row(settings: Settings, run_id: str, p: Prompt, t0: float, results: l
     """requests.jsonl's row for one prompt: the two engines' results, the baseline's row, the join of
     both sides' transfer records (harness/records/join.py) and the request's timeline."""
     cfg, pre, dec = settings.cfg, *results
-    send, recv, digest_match = stats.take_transfer(transfer_id, received=dec.get("finish_reason") not in ("abort",
-                                                                                                       "error"))
+    send, recv, digest_match = stats.take_transfer(transfer_id, received=dec.get("finish_reason") not in (
+        "abort", "error", "not_sent"))
     joined = transfer_fields(send, recv, digest_match, stats.take(transfer_id, "prefill"),
                              stats.take(transfer_id, "decode"))
     cmp = compare_outputs(base["token_ids"], dec["token_ids"], base["logprobs"], dec["logprobs"],
