@@ -189,6 +189,7 @@ class ObserverWorker:
         writers = RecordWriters(h.stats_path, lambda path: rank_path(path, place.rank))
         self.recorder = TransferRecorder(self.config.strategy.observed, self.is_producer, True, self.kv, place,
                                          writers, Tally())
+        self.recorder.sees_wire = False
 
     def digest(self, meta: ObservedMetadata, at_bind: bool) -> None:
         for d in meta.digests:

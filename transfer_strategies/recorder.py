@@ -40,6 +40,7 @@ class TransferRecorder:
         self.queue = RecordQueue()
         self.digests = BlockDigests(kv, None if place is None else place.heads)
         self.codec: Codec | None = None  # a lossy strategy's (worker.use_codec)
+        self.sees_wire = True  # False beside another connector (observer.py): its bytes are not seen
         self._scheduled_at: dict[str, float] = {}  # req id -> when its first decode step was scheduled
         # receive records waiting for that stamp, with their digests and file
         self._unwritten: dict[str, tuple[TransferRecordWriter, TransferRecord, list]] = {}
@@ -77,7 +78,8 @@ class TransferRecorder:
             rank=0 if self.place is None else self.place.rank,
             block_ids=list(req.block_ids),
             skip_blocks=req.skip_blocks, tokens=req.num_tokens, kv_cache_blocks=self.kv.num_blocks,
-            kv_cache_bytes=self.kv.cache_bytes(), bytes=req.progress.bytes, messages=req.progress.messages, **times)
+            kv_cache_bytes=self.kv.cache_bytes(), bytes=req.progress.bytes if self.sees_wire else None,
+            messages=req.progress.messages if self.sees_wire else None, **times)
         self.tally.add(record)
         if writer is None:
             return

@@ -56,8 +56,8 @@ class TransferRecord(JsonRecord):
     tokens: int
     kv_cache_blocks: int
     kv_cache_bytes: int
-    bytes: int
-    messages: int
+    bytes: int | None  # None: not seen (the observer beside vLLM's connector)
+    messages: int | None
     block_ids: list[int] | None = None  # this engine's blocks holding the request's KV, in order
     # None where this side does not measure it (send: send_ms, gpu_ms; receive: the rest)
     send_ms: float | None = None

@@ -34,8 +34,9 @@ def merge_ranks(records: list[TransferRecord]) -> TransferRecord:
     for name in _LATEST + _EARLIEST:
         values = [getattr(r, name) for r in records if getattr(r, name) is not None]
         setattr(out, name, (max if name in _LATEST else min)(values) if values else None)
-    out.bytes = sum(r.bytes for r in records)
-    out.messages = sum(r.messages for r in records)
+    if records[0].bytes is not None:  # None: not seen from outside (the observer)
+        out.bytes = sum(r.bytes for r in records)
+        out.messages = sum(r.messages for r in records)
     out.kv_cache_bytes = sum(r.kv_cache_bytes for r in records)
     out.error = next((r.error for r in records if r.error), None)
     errors = [r.codec_error for r in records if r.codec_error]
