@@ -68,22 +68,28 @@ def test_requests_load_with_their_key_columns(run):
     if corrupted(df).all():
         assert not df["digest_match"].any()  # the negative control: every transfer's damage caught
         return
-    assert not df[["strategy", "prompt_len", "ttft_ms", "transfer_ms", "bytes", "strategy.name"]].isna().any().any()
+    assert not df[["strategy", "prompt_len", "ttft_ms", "strategy.name"]].isna().any().any()
+    # vLLM's own connectors' bytes and transfer times are not seen from outside (the observer)
+    # (vllm_nixl, vllm_mooncake), and vllm_example runs with no observer: no records, digests off
+    ours = df["strategy.module"].notna() if "strategy.module" in df else pd.Series(True, index=df.index)
+    assert not df.loc[ours, ["transfer_ms", "bytes", "kv_cache_bytes"]].isna().any().any()
+    observed = ours | (df.get("strategy.observed", pd.Series(False, index=df.index)) == True)  # noqa: E712
+    assert df.loc[~observed, "digest_match"].isna().all() and df.loc[~observed, "kv_cache_bytes"].isna().all()
     # committed runs passed: every output equal to the baseline's, or at a near tie (bf16, from version 6),
     # unless the KV moved compressed (a lossy strategy's codec) or stored so (kv_cache_dtype: from version 12)
     lossy = df.get("codec", pd.Series(None, index=df.index)).notna().any() or load_runs(run).get(
         "kv_cache_dtype", pd.Series([None])).notna().any()
     if not lossy:
         assert (df["match"] | (df["near_tie"] == True if "near_tie" in df else False)).all()  # noqa: E712 - NaN is not True
-    assert df["digest_match"].all()
+    assert df.loc[observed, "digest_match"].all()
     assert (df["schema_version"] == load_runs(run)["schema_version"][0]).all()
     assert (df["strategy"] == df["strategy.name"]).all()
     # the reconstructed config is the one these requests ran under
     assert (df["prompt_len"] + df["output_len"] <= df["engine.max_model_len"]).all()
     # kv_cache_gib is per worker (vLLM's kv_cache_memory_bytes); a record's cache, the engine's: every worker's
     workers = df.get("engines.prefill.tensor_parallel_size", pd.Series(1, index=df.index)).fillna(1)
-    cache = df["engine.kv_cache_gib"] * 2**30 * workers
-    assert ((df["kv_cache_bytes"] - cache).abs() <= 0.01 * cache).all()
+    cache = (df["engine.kv_cache_gib"] * 2**30 * workers)[observed]
+    assert ((df["kv_cache_bytes"][observed] - cache).abs() <= 0.01 * cache).all()
     assert (df["device.type"].isin([df["device"][0], "auto"])).all()
 
 
@@ -134,7 +140,7 @@ def test_benchmark_table_medians_come_back_from_its_runs(out):
     assert len(merged) == len(committed) and {"transfer_ms", "bytes", "gbps"} <= set(compared)
     for c in compared:
         for want, got in zip(merged[c], merged[f"{c}_loaded"], strict=True):
-            assert math.isclose(want, got, rel_tol=1e-9), (c, want, got)
+            assert math.isclose(want, got, rel_tol=1e-9) or (math.isnan(want) and math.isnan(got)), (c, want, got)
 
 
 def test_a_benchmark_without_digests_says_off_not_failed():

@@ -225,6 +225,8 @@ def test_slimming_a_run_directory_keeps_what_the_loader_reads(tmp_path):
     (run / ".hydra" / "hydra.yaml").write_text("hydra:\n  runtime:\n    cwd: /work/main\n    choices:\n"
                                                "      strategy: fused\n      hydra/launcher: basic\n")
     (run / "kv-channel.port").write_text("41234")
+    (run / "example-connector-kv" / "0c85").mkdir(parents=True)  # vllm_example's KV on disk
+    (run / "example-connector-kv" / "0c85" / "model.layers.0.self_attn.attn.safetensors").write_bytes(b"kv")
     (run / "kv-channel.port.p0d1").write_text("41235")
     (run / "__main__.log").write_text("")
     (run / "prefill.log").write_text("/work/main/.venv/lib/python3.12/x.py:1: warning; logs in /tmp/runs/a\n")
@@ -240,7 +242,7 @@ def test_slimming_a_run_directory_keeps_what_the_loader_reads(tmp_path):
 
     done = slim(tmp_path / "results" / "gpu")
     assert {rule: len(paths) for rule, paths in done.items()} == {
-        "rendezvous": 2, "prompts": 1, "figures": 1, "hydra": 1, "empty_logs": 1, "digests": 1, "gzip": 2,
+        "scratch": 1, "rendezvous": 2, "prompts": 1, "figures": 1, "hydra": 1, "empty_logs": 1, "digests": 1, "gzip": 2,
         "log_paths": 1}
     assert leftovers(tmp_path / "results" / "gpu") == {rule: [] for rule in RULES}
     assert sorted(p.name for p in run.iterdir()) == ["meta.json", "prefill-transfers.jsonl.gz", "prefill.log",

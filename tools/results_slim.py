@@ -8,6 +8,8 @@ Each rule names files that are made again or that never mean anything once the r
 (`leftovers` finds them, `slim` deals with them; tests/test_results_index.py holds the committed
 tree free of them):
 
+    scratch     example-connector-kv/: the KV that vLLM's ExampleConnector (strategy=vllm_example)
+                stored on disk as its transport, 20 MB a run at 2k tokens (removed)
     rendezvous  kv-channel*.port[.p<i>d<j>]: the port a prefill worker bound, for the decode
                 worker to find while the run lasted (removed)
     prompts     a benchmark's prompts.jsonl that bench_prompts makes again byte for byte from the
@@ -41,7 +43,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-RULES = ("rendezvous", "prompts", "figures", "hydra", "empty_logs", "digests", "gzip", "log_paths")
+RULES = ("scratch", "rendezvous", "prompts", "figures", "hydra", "empty_logs", "digests", "gzip", "log_paths")
 TRANSFER_RECORDS = re.compile(r"^(prefill|decode)-transfers.*\.jsonl(\.gz)?$")
 RENDEZVOUS = re.compile(r"^kv-channel.*\.port(\.p\d+d\d+)?$")
 LOG_SUFFIXES = (".log", ".log.gz", ".out.gz")
@@ -216,6 +218,7 @@ def _find_hydra(root: Path) -> list[Path]:
 
 
 FIND: dict[str, Callable[[Path], list[Path]]] = {
+    "scratch": lambda root: sorted(p for p in Path(root).rglob("example-connector-kv") if p.is_dir()),
     "rendezvous": lambda root: [p for p in _files(root) if RENDEZVOUS.match(p.name)],
     "prompts": _find_prompts,
     "figures": _find_figures,
@@ -236,6 +239,7 @@ def _gzip(p: Path) -> None:
 
 
 APPLY: dict[str, Callable[[Path], None]] = {
+    "scratch": shutil.rmtree,
     "rendezvous": Path.unlink,
     "prompts": Path.unlink,
     "figures": Path.unlink,
