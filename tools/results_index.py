@@ -67,7 +67,8 @@ ARCHIVED: list[Archived] = [
              "reached its budget", "b5a0ecd3ebc819747cbd2085b3e5fe2cb3afc387"),
     Archived("cpu/2026-12-03-s16-engine-reuse", "session 16's sweep with and without engine reuse (issue 24), "
              "superseded by session 19's (cpu/2026-12-03-s19-engine-reuse); only CHANGELOG.md cited it; 0.38 MB, "
-             "archived in session 39 when the connectors' comparison took results/ past its budget", "6ffff48bddb4e2cb0e4ab6a7b3a087bd82f1075f"),
+             "archived in session 39 when the connectors' comparison took results/ past its budget",
+             "6ffff48bddb4e2cb0e4ab6a7b3a087bd82f1075f"),
     Archived("cpu/2026-12-04-s21-lossy", "session 21's lossy strategies on the CPU, superseded by session 22's "
              "(cpu/2026-12-04-s22-lossy, the same accuracy columns); only CHANGELOG.md cited it; 0.63 MB, archived in "
              "session 39 with the one above", "6ffff48bddb4e2cb0e4ab6a7b3a087bd82f1075f"),
