@@ -238,16 +238,20 @@ def plot(out: Path, title: str | None = None, suffix: str = "") -> None:
     ceiling = (df["gbps"] / df["ceiling_share"]).dropna().median()
     fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
     for name, g in df.groupby("strategy", sort=False):
-        a.plot(g["bytes"] / 2**20, g["gbps"], "o-", label=name)
+        if g["gbps"].gt(0).any():  # vLLM's connectors: bytes and times not seen from outside
+            a.plot(g["bytes"] / 2**20, g["gbps"], "o-", label=name)
         base = g["base_ttft_ms"]
         line, = b.plot(g["prompt_len"], 100 * g["ttft_overhead_ms"] / base, "o-", label=f"{name}: decode's first token")
         b.plot(g["prompt_len"], 100 * g["prefill_ttft_overhead_ms"] / base, "s--", color=line.get_color(),
                label=f"{name}: prefill's token")
-    a.axhline(ceiling, color="k", ls=":", label=f"ceiling {ceiling:.0f} GB/s")
-    a.set(xscale="log", yscale="log", xlabel="KV bytes moved per request (MiB)", ylabel="GB/s (bytes / transfer ms)")
+    if ceiling == ceiling:  # NaN where no strategy's bandwidth was seen
+        a.axhline(ceiling, color="k", ls=":", label=f"ceiling {ceiling:.0f} GB/s")
+        a.set(xscale="log", yscale="log")
+    a.set(xlabel="KV bytes moved per request (MiB)", ylabel="GB/s (bytes / transfer ms)")
     b.axhline(0, color="k", lw=0.5)
     b.set(xscale="log", xlabel="prompt tokens", ylabel="TTFT overhead vs colocated baseline (%)")
-    a.legend(fontsize=8)
+    if a.get_legend_handles_labels()[0]:
+        a.legend(fontsize=8)
     b.legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=9)
