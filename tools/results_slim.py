@@ -9,7 +9,7 @@ Each rule names files that are made again or that never mean anything once the r
 tree free of them):
 
     scratch     example-connector-kv/: the KV that vLLM's ExampleConnector (strategy=vllm_example)
-                stored on disk as its transport, 20 MB a run at 2k tokens (removed)
+                stored on disk as its transport: 60 MB for 10 prompts of 512 and 2048 tokens (removed)
     rendezvous  kv-channel*.port[.p<i>d<j>]: the port a prefill worker bound, for the decode
                 worker to find while the run lasted (removed)
     prompts     a benchmark's prompts.jsonl that bench_prompts makes again byte for byte from the

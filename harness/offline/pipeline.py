@@ -40,8 +40,8 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
     starts when all of them have finished, and its sampling parameters may use the earlier
     results. on_finish gets the results in the order of the requests (each with `submitted_t`;
     an aborted one's finish_reason is "abort", and a prompt with an aborted request sends none of
-    its later stages: their results say "not_sent"). aborts: prompt index -> when (after each request's
-    submission) to abort its requests on which engines, if they are still running then.
+    its later stages: their results say "not_sent"). aborts: prompt index -> when (after each
+    request's own submission) to abort its requests on which engines, if still running then.
     A prompt that follows another (a conversation's next turn) waits until that one has finished
     in this pass, on_finish included (which may build its token ids: Workload.answered).
     request_id: a prompt's requests' id on every engine (default: its index); vLLM's NIXL push
@@ -77,10 +77,10 @@ def pipeline(stages: list[list[tuple[EngineProcess, Callable[[Prompt, list[dict]
                 if g is f and engine == name:
                     next(e for e in engines if e.name == name).abort(rid)
 
-    # live on one line in a terminal; in logs and CI a line every 10 s
     def abandoned(f: _InFlight) -> bool:
         return any(r is not None and r.get("finish_reason") == "abort" for r in f.results)
 
+    # live on one line in a terminal; in logs and CI a line every 10 s
     progress = tqdm(total=len(workload.prompts), desc=phase or "+".join(e.name for e in engines), unit="req",
                     file=sys.stdout, mininterval=0.5 if sys.stdout.isatty() else 10, dynamic_ncols=True)
     last_progress = time.monotonic()
