@@ -188,8 +188,7 @@ class ObserverWorker:
         self.kv = KVBlocks(kv_caches, num_blocks, len(place.heads))
         writers = RecordWriters(h.stats_path, lambda path: rank_path(path, place.rank))
         self.recorder = TransferRecorder(self.config.strategy.observed, self.is_producer, True, self.kv, place,
-                                         writers, Tally())
-        self.recorder.sees_wire = False
+                                         writers, Tally(), sees_wire=False)
 
     def digest(self, meta: ObservedMetadata, at_bind: bool) -> None:
         for d in meta.digests:

@@ -33,14 +33,14 @@ def sync(device: torch.device) -> None:
 
 class TransferRecorder:
     def __init__(self, strategy: str, is_producer: bool, verify: bool, kv: KVBlocks, place: Placement | None,
-                 writers: RecordWriters, tally: Tally):
-        """verify: check.digests; place: None with one worker each side, every head here."""
-        self.strategy, self.is_producer, self.verify = strategy, is_producer, verify
+                 writers: RecordWriters, tally: Tally, sees_wire: bool = True):
+        """verify: check.digests; place: None with one worker each side, every head here; sees_wire:
+        False beside another connector (observer.py), whose bytes and messages are not seen."""
+        self.strategy, self.is_producer, self.verify, self.sees_wire = strategy, is_producer, verify, sees_wire
         self.kv, self.place, self.writers, self.tally = kv, place, writers, tally
         self.queue = RecordQueue()
         self.digests = BlockDigests(kv, None if place is None else place.heads)
         self.codec: Codec | None = None  # a lossy strategy's (worker.use_codec)
-        self.sees_wire = True  # False beside another connector (observer.py): its bytes are not seen
         self._scheduled_at: dict[str, float] = {}  # req id -> when its first decode step was scheduled
         # receive records waiting for that stamp, with their digests and file
         self._unwritten: dict[str, tuple[TransferRecordWriter, TransferRecord, list]] = {}
