@@ -299,6 +299,8 @@ def load_tokenizer(model_path: str):
 def load_connector(strategy: DictConfig) -> type:
     """Import the strategy's connector class now, so a typo fails before any engine starts."""
     logging.getLogger("vllm").setLevel(logging.ERROR)  # engine logs go to the engines' files, not here
+    if strategy.get("unavailable"):  # a reference connector the harness cannot run yet says why
+        raise ConfigError(f"strategy {strategy.name!r} is not available: {strategy.unavailable}")
     if handoff(strategy) not in HANDOFFS:
         raise ConfigError(f"strategy {strategy.name!r}: handoff {strategy.handoff!r} is one of "
                           + "; ".join(f"{k} ({v})" for k, v in HANDOFFS.items()))

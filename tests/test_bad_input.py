@@ -129,6 +129,7 @@ def test_vllm_example_with_a_prompt_under_one_block(tmp_path):
     (["strategy=vllm_nixl", "check.corrupt=true", "check.digests=false"], ["check.corrupt", "unobserved here"]),
     (["model=hf"], ["model.path has no value"]),
     (["strategy=vllm_nixl", "run.decode_submit=early"], ["run.decode_submit=early", "after_prefill"]),
+    (["strategy=vllm_lmcache"], ["strategy 'vllm_lmcache' is not available", "CUDA", "docs/strategies.md"]),
     (["strategy=vllm_nixl", "strategy.handoff=pull"], ["handoff 'pull' is one of push", "relay", "bootstrap"]),
     # a package whose native module does not load (Mooncake's engine without libibverbs): named, before any engine
     (["strategy=vllm_mooncake", "strategy.requires=[json.no_such_module]"],
