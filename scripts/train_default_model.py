@@ -27,6 +27,14 @@ this deep model ignores most of a prompt's KV cache.  See
 
     python scripts/train_default_model.py --preset llama3_8b_kv --device cuda --out DIR
 
+``--preset tiny_mla`` makes ``models/tiny-mla``: tiny-llama's recipe, corpus and
+tokenizer (copied from ``models/tiny-llama``) on a DeepSeek-V3 model
+(DeepseekV3ForCausalLM, multi-head latent attention, every layer dense) whose KV
+cache is one latent of 512 + 64 (rotary key) values per token and layer, the
+width vLLM's CPU MLA backend takes.  See ``models/tiny-mla/README.md``:
+
+    python scripts/train_default_model.py --preset tiny_mla --out models/tiny-mla --seed 0
+
 ``--layers --hidden --heads --kv-heads --head-dim --intermediate`` override a
 preset's geometry, ``--dtype`` the dtype of the saved weights.  ``--preset tiny`` (the default) on CPU is exactly the
 recipe of the shipped ``models/tiny-llama``.
@@ -109,7 +117,7 @@ def save_tokenizer(tok, out: Path) -> None:
     fast.save_pretrained(str(out))
 
 
-# Per-preset defaults; every key is also a command-line option (None there: take the preset's).
+# Per-preset defaults; every key but "mla" is also a command-line option (None there: take the preset's).
 PRESETS: dict[str, dict] = {
     # The shipped default model (models/tiny-llama): trained on CPU, float32.
     "tiny": {
@@ -124,6 +132,21 @@ PRESETS: dict[str, dict] = {
         "max_positions": 32768, "dtype": "bfloat16", "tokenizer_from": "models/tiny-llama",
         "steps": 2000, "batch_size": 16, "lr": 2e-3, "warmup": 100, "stop_loss": 0.4,
     },
+    # tiny's geometry and recipe with DeepSeek-V3's multi-head latent attention (models/tiny-mla):
+    # the cache holds one latent per token and layer, kv_lora_rank + qk_rope_head_dim = 576 wide
+    # (the only width vLLM 0.32's CPU MLA backend takes), no KV heads. head_dim is the per-head
+    # size of the non-rotary query/key part and of the values; kv_heads must equal heads (MLA has
+    # no GQA). The tokenizer is tiny-llama's, so token ids match those of the default model.
+    # tiny's recipe memorises less here: loss (EMA) 2.93 after its 800 steps (tiny: 0.49), 1.49
+    # after 2000. A lower lr learns faster (loss EMA at step 250: 4.61 at 4e-3, 3.85 at 1.5e-3,
+    # 4.15 at 8e-4); training stops once it is as memorised as tiny-llama (loss EMA < 0.5).
+    "tiny_mla": {
+        "layers": 4, "hidden": 256, "heads": 4, "kv_heads": 4, "head_dim": 64, "intermediate": 704,
+        # saved in bfloat16 (13 MB, not 26: vLLM needs lm_head apart, below); trained and run in float32
+        "max_positions": 4096, "dtype": "bfloat16", "tokenizer_from": "models/tiny-llama",
+        "steps": 2000, "batch_size": 4, "lr": 1.5e-3, "warmup": 50, "stop_loss": 0.5,
+        "mla": {"kv_lora_rank": 512, "qk_rope_head_dim": 64},
+    },
 }
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
 
@@ -132,6 +155,8 @@ def model_config(vocab_size: int, bos_id: int, eos_id: int, pad_id: int, geo: di
     from transformers import LlamaConfig
 
     g = geo or PRESETS["tiny"]
+    if g.get("mla"):
+        return mla_config(vocab_size, bos_id, eos_id, pad_id, g)
     return LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=g["hidden"],
@@ -152,6 +177,49 @@ def model_config(vocab_size: int, bos_id: int, eos_id: int, pad_id: int, geo: di
         pad_token_id=pad_id,
         torch_dtype=g["dtype"],
     )
+
+
+def mla_config(vocab_size: int, bos_id: int, eos_id: int, pad_id: int, g: dict):
+    """DeepSeek-V3 (multi-head latent attention) with every layer a dense MLP: the MoE settings
+    are required by DeepseekV3Config (it refuses None) but unused, as first_k_dense_replace is the
+    layer count. Queries are projected directly (q_lora_rank None), as in DeepSeek-V2-Lite."""
+    from transformers import DeepseekV3Config
+
+    return DeepseekV3Config(
+        vocab_size=vocab_size,
+        hidden_size=g["hidden"],
+        intermediate_size=g["intermediate"],
+        num_hidden_layers=g["layers"],
+        num_attention_heads=g["heads"],
+        num_key_value_heads=g["kv_heads"],
+        first_k_dense_replace=g["layers"],
+        n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
+        q_lora_rank=None,
+        kv_lora_rank=g["mla"]["kv_lora_rank"],
+        qk_rope_head_dim=g["mla"]["qk_rope_head_dim"],
+        qk_nope_head_dim=g["head_dim"],
+        v_head_dim=g["head_dim"],
+        rope_interleave=True,  # what vLLM's DeepSeek model applies (rotary pairs (x0, x1), ...)
+        hidden_act="silu",
+        max_position_embeddings=g["max_positions"],
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},  # no YaRN scaling
+        tie_word_embeddings=True,
+        attention_bias=False,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        torch_dtype=g["dtype"],
+    )
+
+
+def untie_lm_head(model) -> None:
+    """vLLM 0.32's DeepseekV3ForCausalLM has no tied lm_head and fails to load a checkpoint
+    without lm_head.weight: save the (trained, tied) embedding a second time as lm_head."""
+    import torch
+
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.get_input_embeddings().weight.detach().clone())
 
 
 def load_tokenizer(src: Path, out: Path):
@@ -194,7 +262,7 @@ def main() -> int:
                     help="BPE vocabulary asked for when the tokenizer is trained (--preset tiny)")
     ap.add_argument("--tokenizer-from", default=None,
                     help="copy the tokenizer of this model directory instead of training one "
-                         "(default: the preset's; llama3_8b_kv: models/tiny-llama)")
+                         "(default: the preset's; llama3_8b_kv, tiny_mla: models/tiny-llama)")
     geo = ap.add_argument_group("geometry (default: the preset's)")
     geo.add_argument("--layers", type=int)
     geo.add_argument("--hidden", type=int)
@@ -243,6 +311,11 @@ def main() -> int:
                                          "intermediate", "max_positions", "dtype")}
     if geo["heads"] % geo["kv_heads"]:
         ap.error(f"--heads {geo['heads']} is not a multiple of --kv-heads {geo['kv_heads']}")
+    mla = preset.get("mla")
+    if mla:
+        geo["mla"] = mla
+        if geo["kv_heads"] != geo["heads"]:
+            ap.error(f"--preset {args.preset}: MLA has no grouped KV heads, --kv-heads must be --heads")
 
     t_start = time.time()
     corpus = Path(args.corpus)
@@ -253,7 +326,7 @@ def main() -> int:
     if args.device == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     import torch
-    from transformers import GenerationConfig, LlamaForCausalLM
+    from transformers import DeepseekV3ForCausalLM, GenerationConfig, LlamaForCausalLM
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -288,16 +361,26 @@ def main() -> int:
 
     # ---- model -----------------------------------------------------------
     cfg = model_config(vocab, bos_id, eos_id, pad_id, geo)
-    model = LlamaForCausalLM(cfg)  # initialised on CPU: the same weights whatever the device
+    # initialised on CPU: the same weights whatever the device
+    model = (DeepseekV3ForCausalLM if mla else LlamaForCausalLM)(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f} M parameters", flush=True)
     model.to(device)
-    kv_bytes = 2 * geo["layers"] * geo["kv_heads"] * geo["head_dim"] * torch.finfo(
-        getattr(torch, geo["dtype"])).bits // 8
-    print(f"preset {args.preset}: {geo['layers']} layers, hidden {geo['hidden']}, {geo['heads']} heads, "
-          f"{geo['kv_heads']} KV heads of {geo['head_dim']}, MLP {geo['intermediate']}, "
-          f"{kv_bytes} B of {geo['dtype']} KV per token; device {args.device}, "
-          f"training in {args.train_dtype}", flush=True)
+    if mla:  # one latent (compressed K and V) + one rotary key per token and layer, no KV heads
+        # float32 KV, as conf/model/tiny_mla.yaml runs it (its weights are saved in geo["dtype"])
+        kv_bytes = geo["layers"] * (mla["kv_lora_rank"] + mla["qk_rope_head_dim"]) * 4
+        print(f"preset {args.preset}: DeepSeek-V3 MLA, {geo['layers']} dense layers, hidden "
+              f"{geo['hidden']}, {geo['heads']} heads (q/k {geo['head_dim']} + rope "
+              f"{mla['qk_rope_head_dim']}, v {geo['head_dim']}), latent {mla['kv_lora_rank']} + rope "
+              f"{mla['qk_rope_head_dim']}, MLP {geo['intermediate']}, {kv_bytes} B of float32 "
+              f"KV per token; device {args.device}, training in {args.train_dtype}", flush=True)
+    else:
+        kv_bytes = 2 * geo["layers"] * geo["kv_heads"] * geo["head_dim"] * torch.finfo(
+            getattr(torch, geo["dtype"])).bits // 8
+        print(f"preset {args.preset}: {geo['layers']} layers, hidden {geo['hidden']}, {geo['heads']} heads, "
+              f"{geo['kv_heads']} KV heads of {geo['head_dim']}, MLP {geo['intermediate']}, "
+              f"{kv_bytes} B of {geo['dtype']} KV per token; device {args.device}, "
+              f"training in {args.train_dtype}", flush=True)
 
     decay, no_decay = [], []
     for p in model.parameters():
@@ -357,6 +440,8 @@ def main() -> int:
     print(f"eval loss (32 fixed corpus windows, {geo['dtype']} weights): {eval_loss:.4f}", flush=True)
 
     # ---- save ----------------------------------------------------------------
+    if mla:
+        untie_lm_head(model)
     model.save_pretrained(str(out), safe_serialization=True)
     GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
                      do_sample=False).save_pretrained(str(out))
@@ -375,6 +460,7 @@ def main() -> int:
         "heads": geo["heads"],
         "kv_heads": geo["kv_heads"],
         "head_dim": geo["head_dim"],
+        **({"architecture": "DeepseekV3ForCausalLM", **mla} if mla else {}),
         "intermediate": geo["intermediate"],
         "max_positions": geo["max_positions"],
         "kv_bytes_per_token": kv_bytes,
@@ -404,7 +490,7 @@ def main() -> int:
     }
     add_compat_keys(out)
     (out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
-    if args.preset == "tiny":
+    if args.preset in ("tiny", "tiny_mla"):
         write_card(out, info)
     else:
         write_results(out, info)
@@ -433,12 +519,19 @@ CHECK_END = "<!-- check-results:end -->"
 
 def write_card(out: Path, info: dict) -> None:
     card = out / "README.md"
+    mla = info.get("architecture") == "DeepseekV3ForCausalLM"
     check = (f"{CHECK_BEGIN}\nNot yet checked: run `python scripts/check_default_model.py "
              f"--update-card`.\n{CHECK_END}")
+    if mla:  # its transformers half builds a LlamaForCausalLM
+        check = (f"{CHECK_BEGIN}\nNot checked: `scripts/check_default_model.py` loads the model "
+                 f"with `LlamaForCausalLM`.\n{CHECK_END}")
     if card.exists():  # keep earlier check results if present
         old = card.read_text()
         if CHECK_BEGIN in old and CHECK_END in old:
             check = old[old.index(CHECK_BEGIN):old.index(CHECK_END) + len(CHECK_END)]
+    if mla:
+        card.write_text(mla_card(info, check))
+        return
     text = f"""# tiny-llama: the project's default model
 
 A small Llama-architecture causal LM (`LlamaForCausalLM`, 4 layers, hidden 256,
@@ -478,6 +571,85 @@ CPU may change the last bits of the weights.
 {check}
 """
     card.write_text(text)
+
+
+def mla_card(info: dict, check: str) -> str:
+    """The card of models/tiny-mla (preset tiny_mla): tiny-llama's, with the MLA geometry."""
+    latent, rope, hd = info["kv_lora_rank"], info["qk_rope_head_dim"], info["head_dim"]
+    width = latent + rope
+    stopped = (f", stopped by train loss (EMA) < {info['stop_loss']} of {info['steps_planned']} planned"
+               if info["steps"] < info["steps_planned"] else "")
+    return f"""# tiny-mla: the default model's recipe on DeepSeek-V3's latent attention
+
+A small DeepSeek-V3-architecture causal LM (`DeepseekV3ForCausalLM`, multi-head
+latent attention, MLA) with {info['layers']} layers, hidden {info['hidden']}, {info['heads']} attention heads,
+MLP {info['intermediate']}, tied embeddings, {info['parameters'] / 1e6:.2f} M parameters, {info['dtype']} safetensors
+(trained in float32; the harness runs it in float32, conf/model/tiny_mla.yaml),
+max {info['max_positions']} positions (RoPE theta 10000, interleaved as DeepSeek's, not scaled).
+Every layer is a dense MLP (`first_k_dense_replace` = {info['layers']}): the MoE keys of
+`config.json` (`n_routed_experts` 4, ...) are there because `DeepseekV3Config`
+refuses None, and nothing uses them.
+
+Attention: queries are projected directly from the hidden state
+(`q_lora_rank` null); keys and values come from one latent of
+{latent} values per token (`kv_lora_rank`) plus one rotary key of {rope} values
+(`qk_rope_head_dim`) shared by all heads; per head, query and key have {hd}
+non-rotary + {rope} rotary dims and the value {hd} dims. The KV cache holds, per
+token and layer, only the latent and the rotary key, {latent} + {rope} = {width} values,
+and no KV heads: {info['layers']} layers x {width} x 4 bytes = {info['kv_bytes_per_token']} bytes of float32 per token,
+against tiny-llama's 4 layers x 2 (K, V) x 2 KV heads x 64 x 4 bytes = 4096
+bytes. {width} is the one latent width vLLM 0.32's CPU MLA backend (`CPU_MLA`) takes, and
+it takes KV blocks of 16 tokens only (`block_size=16`); vLLM turns off prefix
+caching and chunked prefill for MLA on CPU.
+
+vLLM 0.32 on CPU computes this model wrongly unless its `rotary_embedding`
+custom op is turned off: the CPU kernel behind it rotates a query of shape
+(tokens, heads, 64) with more than one head wrongly (a 2-D query, as Llama
+passes, is right), and vLLM's MLA layer passes that shape. Given
+`compilation_config={{"custom_ops": ["-rotary_embedding"]}}` (the harness gives it to
+every MLA engine on CPU), its prompt log-probabilities and greedy tokens equal transformers'; without it
+they are deterministic but not the memorised text. (DeepSeek checkpoints with
+YaRN scaling use another rotary class, in plain PyTorch on CPU, and are not hit.)
+
+The tokenizer is tiny-llama's (files copied from `models/tiny-llama`, not
+retrained: the same {info['vocab_size']} tokens and token ids; the tokenizer prepends `<s>`).
+The model was trained from scratch by `scripts/train_default_model.py` (preset
+`tiny_mla`) on the same corpus `{info['corpus']}` (see
+`models/tiny-llama/README.md` and `models/corpus/README.md`), with tiny-llama's
+recipe but a lower learning rate and a longer schedule: with tiny-llama's (lr
+0.004, 800 steps) its loss (EMA) ended at 2.93 (tiny-llama: 0.49), and at 1.49
+after 2000 steps; at lr {info['lr']} it learns faster (loss EMA at step 250: 4.61 at
+lr 0.004, 3.85 at 0.0015, 4.15 at 0.0008). The cosine schedule spans
+{info['steps_planned']} steps and training stops once the loss (EMA) is below {info['stop_loss']}, about
+as memorised as tiny-llama. It memorises that text, so it gives confident,
+prompt-dependent greedy continuations; it is not a useful language model. It
+exists so that the serving stack can be run with real outputs on an MLA KV
+cache.
+
+The embeddings are tied in training; `model.safetensors` holds the trained
+embedding twice, as `model.embed_tokens.weight` and `lm_head.weight`, with
+`tie_word_embeddings: false` in `config.json`, because vLLM 0.32's
+`DeepseekV3ForCausalLM` does not tie them and refuses a checkpoint without
+`lm_head.weight` ({info['weight_bytes']} bytes of safetensors).
+
+Made with:
+
+    python scripts/train_default_model.py --preset tiny_mla --out models/tiny-mla --seed {info['seed']}
+
+| | |
+| --- | --- |
+| corpus sha256 | `{info['corpus_sha256']}` |
+| corpus tokens | {info['corpus_tokens']} |
+| steps x batch x seq len | {info['steps']} x {info['batch_size']} x {info['seq_len']} (+ `<s>`){stopped} |
+| optimiser | AdamW, lr {info['lr']}, warmup {info['warmup']}, cosine over {info['steps_planned']} steps to {info['min_lr_ratio']} x lr, weight decay {info['weight_decay']} |
+| seed, threads | {info['seed']}, {info['threads']} |
+| final train loss (EMA) / eval loss ({info['dtype']} weights) | {info['final_ema_loss']} / {info['eval_loss']} |
+| training time | {info['train_seconds']} s training, {info['total_seconds']} s in all (torch {info['torch']}, {info['threads']} CPU threads) |
+
+`training_info.json` holds the same numbers. Checks:
+
+{check}
+"""
 
 
 RESULTS_BEGIN = "<!-- training-results:begin -->"
