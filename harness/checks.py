@@ -17,6 +17,7 @@ from omegaconf.errors import MissingMandatoryValue
 
 from harness import scenario
 from harness.gpu_fit import gpu_memory_gib, unfit
+from harness.records.kv_geometry import kv_geometry
 from harness.scenario import ScenarioError
 from harness.settings import (
     HANDOFFS,
@@ -163,7 +164,8 @@ def check_parallelism(cfg: DictConfig) -> None:
 
     if not cfg.strategy.module:
         return
-    heads = model_kv_heads(cfg)
+    geometry = kv_geometry(str(cfg.model.path), str(cfg.engine.dtype))
+    heads = geometry.kv_heads if geometry else None
     degrees = {}
     for role in ("baseline", "prefill", "decode"):
         args = engine_overrides(cfg, role)
@@ -176,6 +178,9 @@ def check_parallelism(cfg: DictConfig) -> None:
         if not isinstance(tp, int) or tp < 1:
             raise ConfigError(f"tensor_parallel_size on the {role} engine must be an integer >= 1, got {tp!r}")
         problem = degree_problem(tp, heads) if heads else None
+        if tp > 1 and role != "baseline" and geometry and geometry.kind == "latent":
+            problem = (f"tensor_parallel_size={tp}: this project's strategies move an MLA model's latent between "
+                       f"engines of one worker each so far (every rank holds the whole latent)")
         if problem:
             raise ConfigError(f"{role} engine: {problem} (model {cfg.model.name})")
         degrees[role] = tp
@@ -236,30 +241,24 @@ def check_placement(cfg: DictConfig) -> None:
                               f"({e.strerror}); give an address of this machine") from None
 
 
-def model_kv_heads(cfg: DictConfig) -> int | None:
-    """The model's KV heads from its config.json (None where the model is not a local folder)."""
-    import json
-
-    path = Path(str(cfg.model.path)) / "config.json"
-    if not path.is_file():
-        return None
-    hf = json.loads(path.read_text())
-    return hf.get("num_key_value_heads") or hf.get("num_attention_heads")
-
-
-def check_block_size(block_size: int, device: str) -> None:
+def check_block_size(block_size: int, device: str, mla: bool = False) -> None:
     """vLLM's attention backends declare the block sizes their kernels take; an engine given
     another one fails at start-up. On CPU the CPU attention backend says (a multiple of 32 in
-    vLLM 0.32, of 16 in 0.26); on CUDA FlashAttention, FlexAttention and Triton attention (what
-    vLLM picks for these models on NVIDIA GPUs) take multiples of 16 in 0.26 through 0.32."""
+    vLLM 0.32, of 16 in 0.26; its MLA backend 16 only); on CUDA FlashAttention, FlexAttention and
+    Triton attention (what vLLM picks for these models on NVIDIA GPUs) take multiples of 16 in
+    0.26 through 0.32."""
     if device == "cpu":
-        from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+        if mla:
+            from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend as backend
+        else:
+            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend as backend
 
-        if CPUAttentionBackend.supports_block_size(block_size):
+        if backend.supports_block_size(block_size):
             return
-        takes = [getattr(s, "base", s) for s in CPUAttentionBackend.get_supported_kernel_block_sizes()]
-        nearest = -(-block_size // takes[0]) * takes[0]
-        raise ConfigError(f"engine.block_size={block_size}: vLLM's CPU attention takes multiples of "
+        takes = [getattr(s, "base", s) for s in backend.get_supported_kernel_block_sizes()]
+        nearest = takes[0] if mla else -(-block_size // takes[0]) * takes[0]
+        what = "MLA attention takes blocks of" if mla else "attention takes multiples of"
+        raise ConfigError(f"engine.block_size={block_size}: vLLM's CPU {what} "
                           f"{' or '.join(map(str, takes))}, e.g. engine.block_size={nearest}")
     if block_size % 16:
         raise ConfigError(f"engine.block_size={block_size}: vLLM's attention on CUDA takes multiples of 16, "
@@ -377,7 +376,8 @@ def checked_inputs(cfg: DictConfig) -> tuple[Settings, Workload]:
         connector = load_connector(cfg.strategy)
         check_strategy_params(cfg.strategy, connector)
         check_equal_degrees(cfg, connector)
-        check_block_size(cfg.engine.block_size, device)
+        geometry = kv_geometry(str(cfg.model.path), str(cfg.engine.dtype))
+        check_block_size(cfg.engine.block_size, device, mla=geometry is not None and geometry.kind == "latent")
     except MissingMandatoryValue as e:
         raise ConfigError(f"{e.full_key} has no value (??? in conf/): give it on the command line, "
                           f"{e.full_key}=...") from None

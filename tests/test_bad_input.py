@@ -203,3 +203,22 @@ def test_bad_input_is_judged_before_vllm_is_imported(tmp_path):
     imported = [line.rsplit("|", 1)[-1].strip() for line in run.stderr.splitlines() if line.startswith("import time:")]
     assert run.code == 2 and "engine.block_size" in run.stderr
     assert "harness.offline.run" in imported and not [m for m in imported if m == "vllm" or m.startswith("vllm.")]
+
+
+def test_an_mla_model_on_the_cpu_takes_blocks_of_16_and_one_worker_a_side(tmp_path):
+    """vLLM 0.32's CPU MLA kernel takes blocks of 16 only (the default is 32); this project's
+    strategies do not split an MLA latent across tensor-parallel workers yet."""
+    model = tmp_path / "mla"
+    model.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(ROOT / "models" / "tiny-llama" / f, model / f)
+    (model / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 4, "hidden_size": 256, "kv_lora_rank": 512,
+        "qk_rope_head_dim": 64}))
+    mla = ["model=hf", f"model.path={model}", "model.load_format=dummy", "model.dtype=float32"]
+    assert_bad_input(refused_in_process(tmp_path / "r", *mla), "engine.block_size=32",
+                     "CPU MLA attention takes blocks of 16", "engine.block_size=16")
+    assert_bad_input(refused_in_process(tmp_path / "s", *mla, "engine.block_size=16",
+                                        "engines.prefill={tensor_parallel_size:2}"),
+                     "prefill engine: tensor_parallel_size=2", "MLA model's latent")

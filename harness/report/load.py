@@ -21,6 +21,7 @@ from harness.records.files import read_jsonl
 from harness.records.schema import UNVERSIONED, RequestRow, ServeRow, field_names
 
 VERSION_COLUMNS = ["vllm", "torch", "python", "device_name", "git_sha"]
+KV_GEOMETRY_COLUMNS = ["kind", "bytes_per_token", "describe"]  # meta.json's kv_geometry, as kv_<key>
 RUN_FILES = ("summary.json", "requests.jsonl", "requests.jsonl.gz")
 
 
@@ -88,7 +89,9 @@ def _cell(v):
 def _run_columns(run: Path) -> dict:
     meta = _meta(run)
     versions = meta.get("versions", {})
-    return {**{k: versions.get(k) for k in VERSION_COLUMNS}, **run_config(run), "run_dir": str(run)}
+    geometry = meta.get("kv_geometry") or {}  # runs from before it was recorded: None
+    return {**{k: versions.get(k) for k in VERSION_COLUMNS}, **run_config(run),
+            **{f"kv_{k}": geometry.get(k) for k in KV_GEOMETRY_COLUMNS}, "run_dir": str(run)}
 
 
 def load_requests(*paths: str | Path, with_tokens: bool = False) -> pd.DataFrame:

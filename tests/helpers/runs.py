@@ -35,7 +35,9 @@ EXTENDED = (3, 9, 10)
 
 def harness_on_edge_prompts(results_dir, tmp_path_factory, name: str, *overrides: str, env: dict | None = None,
                             device: str = "cpu"):
-    block = 64 if "engine.block_size=64" in overrides else BLOCK
+    # an MLA model's CPU blocks are of 16 tokens (conf/model/tiny_mla.yaml)
+    block = next((int(o.split("=")[1]) for o in overrides if o.startswith("engine.block_size=")),
+                 16 if "model=tiny_mla" in overrides else BLOCK)
     prompts = write_token_prompts(tmp_path_factory.mktemp(name) / "prompts.jsonl", edge_prompts(block))
     return run_harness(results_dir / f"e2e-{name}", "workload=jsonl", f"workload.path={prompts}",
                        "workload.concurrency=3", "sampling.max_tokens=8", *overrides,

@@ -1,0 +1,70 @@
+"""A model's KV geometry, read from its config.json before any engine starts, so that runs of
+different models can be compared per byte: how many layers hold KV, what one token holds in
+each (a K and a V per KV head, or DeepSeek's one latent plus its rotary part), and the bytes a
+token costs. meta.json records it, the run's first line says it, and the results loader gives it
+as columns (harness/report/load.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2}
+
+
+@dataclass(frozen=True)
+class KVGeometry:
+    layers: int
+    dtype: str
+    kv_heads: int | None = None  # heads: a K and a V of head_dim per KV head and token
+    head_dim: int | None = None
+    latent: int | None = None  # MLA: one latent (kv_lora_rank) and a rotary part per token, no heads
+    rope: int | None = None
+
+    @property
+    def kind(self) -> str:
+        return "latent" if self.latent else "heads"
+
+    @property
+    def values_per_token_layer(self) -> int:
+        return self.latent + self.rope if self.latent else 2 * self.kv_heads * self.head_dim
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.layers * self.values_per_token_layer * DTYPE_BYTES[self.dtype]
+
+    def describe(self) -> str:
+        per_layer = (f"latent {self.latent} + rope {self.rope}" if self.latent
+                     else f"K,V x {self.kv_heads} heads x {self.head_dim}")
+        return f"{self.layers} layers x {per_layer}, {self.bytes_per_token} B/token ({self.dtype})"
+
+    def as_record(self) -> dict:
+        return {**asdict(self), "kind": self.kind, "bytes_per_token": self.bytes_per_token,
+                "describe": self.describe()}
+
+
+def kv_geometry(model_path: str, dtype: str) -> KVGeometry | None:
+    """None where the model is not a local folder, or its config names no attention geometry."""
+    path = Path(str(model_path)).expanduser() / "config.json"
+    if not path.is_file():
+        return None
+    c = json.loads(path.read_text())
+    c = c.get("text_config", c)
+    dtype = dtype if dtype in DTYPE_BYTES else str(c.get("torch_dtype") or c.get("dtype") or "bfloat16")
+    try:
+        layers, heads = c["num_hidden_layers"], c["num_attention_heads"]
+    except KeyError:
+        return None
+    if dtype not in DTYPE_BYTES:
+        return None
+    if c.get("kv_lora_rank") is not None:
+        return KVGeometry(layers, dtype, latent=c["kv_lora_rank"], rope=c["qk_rope_head_dim"])
+    head_dim = c.get("head_dim") or c["hidden_size"] // heads
+    return KVGeometry(layers, dtype, kv_heads=c.get("num_key_value_heads") or heads, head_dim=head_dim)
+
+
+def run_kv_geometry(cfg) -> dict | None:
+    """meta.json's `kv_geometry` for a run's composed config."""
+    geometry = kv_geometry(str(cfg.model.path), str(cfg.engine.dtype))
+    return geometry.as_record() if geometry else None
