@@ -71,3 +71,13 @@ def test_vllms_cpu_rotary_kernel_breaks_mla_without_the_harness_workaround(resul
         run = run_harness(results_dir / f"mla-rotary-{ops}", "model=tiny_mla", "workload=corpus", *extra)
         scores[ops] = run.summary["base_task_score"]
     assert scores["default"] > 0.5 and scores["all"] < 0.1, scores
+
+
+@pytest.mark.full
+def test_a_decode_request_preempted_after_its_latent_arrived_comes_back_right(results_dir):
+    """scenario=decode_preemption with the pool counted in blocks of 16 (32 usable: 512 tokens)."""
+    run = run_harness(results_dir / "mla-preemption", "model=tiny_mla", "scenario=decode_preemption",
+                      "engines.decode={num_gpu_blocks_override:33,max_model_len:512}")
+    s = run.summary
+    assert run.code == 0 and s["status"] == "ok", run.stderr[-2000:]
+    assert s["match_rate"] == 1.0 and s["digest_failures"] == 0 and s["decode_preemptions"] >= 1
