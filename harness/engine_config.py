@@ -15,7 +15,6 @@ from harness import PROJECT_ROOT, forkserver
 from harness.ceiling import link_ceiling_gbps
 from harness.checks import load_connector, params_type
 from harness.forkserver import NETNS_ENV
-from harness.records.kv_geometry import kv_geometry
 from harness.settings import Settings, engine_overrides, handoff, observed
 from transfer_strategies.connector_config import (
     ConnectorConfig,
@@ -50,8 +49,7 @@ def engine_args(s: Settings, role: str | None = None) -> dict:
     if device == "cuda":
         args["gpu_memory_utilization"] = e.gpu_memory_utilization
     args.update(s.overrides[role] if role else engine_overrides(cfg, None))
-    geometry = kv_geometry(str(cfg.model.path), str(e.dtype))
-    if device == "cpu" and geometry and geometry.kind == "latent":
+    if device == "cpu" and s.kv_geometry and s.kv_geometry.kind == "latent":
         # vLLM 0.32's CPU rotary kernel rotates MLA's query, (tokens, heads, 64), wrongly with more
         # than one head; its PyTorch rotary is right (docs/strategies.md, KV geometries)
         args.setdefault("compilation_config", {"custom_ops": ["-rotary_embedding"]})

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
+from harness.records.kv_geometry import KVGeometry, kv_geometry
+
 ROLES = ("baseline", "prefill", "decode")
 
 
@@ -22,6 +24,7 @@ class Settings:
     overrides: dict[str, dict]  # each engine's vLLM arguments on top of `engine` (engine_overrides)
     tp: tuple[int, int]  # the prefill and decode engines' tensor-parallel degrees
     kv_cache_dtype: str | None  # the KV dtype the P/D engines store where the baseline's differs
+    kv_geometry: KVGeometry | None  # the model's, from its config.json (None: not a local folder)
 
     @property
     def early(self) -> bool:
@@ -35,7 +38,8 @@ def settle(cfg: DictConfig, device: str) -> Settings:
     """The Settings of a config that passed every check (checks.checked_inputs)."""
     return Settings(cfg=cfg, device=device, decode_submit=decode_submit(cfg), relays=relays(cfg.strategy),
                     overrides={role: engine_overrides(cfg, role) for role in ROLES},
-                    tp=(tp_degree(cfg, "prefill"), tp_degree(cfg, "decode")), kv_cache_dtype=stored_kv_dtype(cfg))
+                    tp=(tp_degree(cfg, "prefill"), tp_degree(cfg, "decode")), kv_cache_dtype=stored_kv_dtype(cfg),
+                    kv_geometry=kv_geometry(str(cfg.model.path), str(cfg.engine.dtype)))
 
 
 def engine_overrides(cfg: DictConfig, role: str | None) -> dict:

@@ -152,46 +152,33 @@ TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def model_config(vocab_size: int, bos_id: int, eos_id: int, pad_id: int, geo: dict | None = None):
-    from transformers import LlamaConfig
+    from transformers import DeepseekV3Config, LlamaConfig
 
     g = geo or PRESETS["tiny"]
-    if g.get("mla"):
-        return mla_config(vocab_size, bos_id, eos_id, pad_id, g)
-    return LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=g["hidden"],
-        intermediate_size=g["intermediate"],
-        num_hidden_layers=g["layers"],
-        num_attention_heads=g["heads"],
-        num_key_value_heads=g["kv_heads"],
-        head_dim=g["head_dim"],
-        hidden_act="silu",
-        max_position_embeddings=g["max_positions"],
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-        attention_bias=False,
-        mlp_bias=False,
-        bos_token_id=bos_id,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        torch_dtype=g["dtype"],
-    )
-
-
-def mla_config(vocab_size: int, bos_id: int, eos_id: int, pad_id: int, g: dict):
-    """DeepSeek-V3 (multi-head latent attention) with every layer a dense MLP: the MoE settings
-    are required by DeepseekV3Config (it refuses None) but unused, as first_k_dense_replace is the
-    layer count. Queries are projected directly (q_lora_rank None), as in DeepSeek-V2-Lite."""
-    from transformers import DeepseekV3Config
-
+    common = {
+        "vocab_size": vocab_size,
+        "hidden_size": g["hidden"],
+        "intermediate_size": g["intermediate"],
+        "num_hidden_layers": g["layers"],
+        "num_attention_heads": g["heads"],
+        "num_key_value_heads": g["kv_heads"],
+        "hidden_act": "silu",
+        "max_position_embeddings": g["max_positions"],
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": True,
+        "attention_bias": False,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "pad_token_id": pad_id,
+        "torch_dtype": g["dtype"],
+    }
+    if not g.get("mla"):
+        return LlamaConfig(**common, head_dim=g["head_dim"], rope_theta=10000.0, mlp_bias=False)
+    # DeepSeek-V3 (multi-head latent attention) with every layer a dense MLP: the MoE settings are
+    # required by DeepseekV3Config (it refuses None) but unused, as first_k_dense_replace is the
+    # layer count. Queries are projected directly (q_lora_rank None), as in DeepSeek-V2-Lite.
     return DeepseekV3Config(
-        vocab_size=vocab_size,
-        hidden_size=g["hidden"],
-        intermediate_size=g["intermediate"],
-        num_hidden_layers=g["layers"],
-        num_attention_heads=g["heads"],
-        num_key_value_heads=g["kv_heads"],
+        **common,
         first_k_dense_replace=g["layers"],
         n_shared_experts=1, n_routed_experts=4, num_experts_per_tok=2, n_group=1, topk_group=1,
         q_lora_rank=None,
@@ -200,16 +187,7 @@ def mla_config(vocab_size: int, bos_id: int, eos_id: int, pad_id: int, g: dict):
         qk_nope_head_dim=g["head_dim"],
         v_head_dim=g["head_dim"],
         rope_interleave=True,  # what vLLM's DeepSeek model applies (rotary pairs (x0, x1), ...)
-        hidden_act="silu",
-        max_position_embeddings=g["max_positions"],
-        rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},  # no YaRN scaling
-        tie_word_embeddings=True,
-        attention_bias=False,
-        bos_token_id=bos_id,
-        eos_token_id=eos_id,
-        pad_token_id=pad_id,
-        torch_dtype=g["dtype"],
     )
 
 

@@ -25,7 +25,6 @@ from harness.offline.deployment import OfflineDeployment
 from harness.offline.engine_pool import POOL
 from harness.offline.rows import RunRows
 from harness.records.files import JsonlWriter, write_json
-from harness.records.kv_geometry import run_kv_geometry
 from harness.records.meta import versions
 from harness.records.provoked import provoked
 from harness.records.summary import run_summary, summarize
@@ -70,9 +69,10 @@ def _run(cfg: DictConfig, run_dir: Path, link: VethLink | None = None) -> int:
         return bad_input(run_dir, e)
 
     device = settings.device
+    geometry = settings.kv_geometry
     meta = {"run_id": run_id, "versions": versions(device), "strategy": cfg.strategy.name,
             "decode_submit": settings.decode_submit, "model": cfg.model.name, "workload": cfg.workload.name,
-            "num_prompts": len(workload.prompts), "kv_geometry": run_kv_geometry(cfg),
+            "num_prompts": len(workload.prompts), "kv_geometry": geometry and geometry.as_record(),
             "config": OmegaConf.to_container(cfg, resolve=True)}
     write_json(run_dir / "meta.json", meta)
     ceiling = copy_ceiling_gbps(device)  # before the engines start: the machine is quiet
@@ -89,7 +89,7 @@ def _run(cfg: DictConfig, run_dir: Path, link: VethLink | None = None) -> int:
     reusable: set[str] = set()
     try:
         print(f"[harness] {run_id}: {len(workload.prompts)} prompts, strategy={cfg.strategy.name}, "
-              f"model={cfg.model.name} (KV: {(meta['kv_geometry'] or {}).get('describe', 'geometry unknown')}), "
+              f"model={cfg.model.name} (KV: {geometry.describe() if geometry else 'geometry unknown'}), "
               f"device={device}; engine logs in {run_dir}", flush=True)
         timings["startup_s"] = deployment.start()
         baseline_passes(cfg, deployment, workload, rows, timings)

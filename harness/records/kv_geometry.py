@@ -40,6 +40,7 @@ class KVGeometry:
         return f"{self.layers} layers x {per_layer}, {self.bytes_per_token} B/token ({self.dtype})"
 
     def as_record(self) -> dict:
+        """meta.json's `kv_geometry`."""
         return {**asdict(self), "kind": self.kind, "bytes_per_token": self.bytes_per_token,
                 "describe": self.describe()}
 
@@ -62,9 +63,3 @@ def kv_geometry(model_path: str, dtype: str) -> KVGeometry | None:
         return KVGeometry(layers, dtype, latent=c["kv_lora_rank"], rope=c["qk_rope_head_dim"])
     head_dim = c.get("head_dim") or c["hidden_size"] // heads
     return KVGeometry(layers, dtype, kv_heads=c.get("num_key_value_heads") or heads, head_dim=head_dim)
-
-
-def run_kv_geometry(cfg) -> dict | None:
-    """meta.json's `kv_geometry` for a run's composed config."""
-    geometry = kv_geometry(str(cfg.model.path), str(cfg.engine.dtype))
-    return geometry.as_record() if geometry else None

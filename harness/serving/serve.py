@@ -32,7 +32,6 @@ from omegaconf import DictConfig, OmegaConf
 from harness import scenario
 from harness.checks import ConfigError, checked_inputs
 from harness.records.files import JsonlWriter, read_jsonl, write_json
-from harness.records.kv_geometry import run_kv_geometry
 from harness.records.meta import versions
 from harness.records.serve_summary import serve_summary
 from harness.records.tables import format_serve_summary
@@ -71,7 +70,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     write_json(run_dir / "meta.json", {
         "run_id": run_id, "runner": "serve", "versions": versions(settings.device), "strategy": cfg.strategy.name,
         "decode_submit": settings.decode_submit, "model": cfg.model.name, "workload": cfg.workload.name,
-        "num_prompts": len(workload.prompts), "num_requests": len(schedule), "kv_geometry": run_kv_geometry(cfg),
+        "num_prompts": len(workload.prompts), "num_requests": len(schedule),
+        "kv_geometry": settings.kv_geometry and settings.kv_geometry.as_record(),
         "config": OmegaConf.to_container(cfg, resolve=True)})
     deployment = ServingDeployment(settings, run_dir)
     status, code, error = "ok", 0, None
