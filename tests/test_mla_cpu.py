@@ -81,3 +81,19 @@ def test_a_decode_request_preempted_after_its_latent_arrived_comes_back_right(re
     s = run.summary
     assert run.code == 0 and s["status"] == "ok", run.stderr[-2000:]
     assert s["match_rate"] == 1.0 and s["digest_failures"] == 0 and s["decode_preemptions"] >= 1
+
+
+@pytest.mark.full
+def test_a_lossy_codec_scales_the_rotary_key_apart_from_the_latent(results_dir, tmp_path):
+    # strategy.params.channels=0 on MLA: groups of the rotary key's 64 values, so a block and layer of the
+    # latent has nine scales, the rotary key's its own (one scale over all 576: int8's error mean 2.1e-2
+    # against 1.4e-2, results/cpu/2026-12-07-s41-mla-lossy)
+    prompts = write_token_prompts(tmp_path / "p.jsonl", edge_prompts(BLOCK)[:5])
+    run = run_harness(results_dir / "mla-int8", "model=tiny_mla", "strategy=fused_int8", "workload=jsonl",
+                      f"workload.path={prompts}", "sampling.max_tokens=8")
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "ok" and s["digest_failures"] == 0 and s["codec"] == "int8/block/64"
+    assert 0 < s["codec_max_rel"] <= 1 / 254 * (1 + 1e-6)
+    for r in run.jsonl("requests.jsonl"):  # int8 values, then a float32 scale per block, layer and group
+        assert r["bytes"] == r["blocks"] * LAYERS * (BLOCK * LATENT + LATENT // 64 * 4)

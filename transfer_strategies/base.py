@@ -234,7 +234,10 @@ class TransferConnector(KVConnectorBase_V1):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
         self.worker.register(kv_caches, self._kv_cache_config.num_blocks, self.block_size, self._placement())
         if self.codec is not None:
-            head_size = self._vllm_config.model_config.get_head_size()
+            model = self._vllm_config.model_config
+            # MLA's "head" is its latent and rotary key side by side (576 values on DeepSeek): groups of the
+            # rotary key's width keep it under a scale of its own (int8's error on tiny-mla, docs/strategies.md)
+            head_size = model.hf_text_config.qk_rope_head_dim if model.use_mla else model.get_head_size()
             self.worker.use_codec(Codec(self.codec, self.params).attach(self.kv, self.block_size, head_size))
 
     def _placement(self) -> Placement:

@@ -54,7 +54,7 @@ class CodecParams:
     """A lossy strategy's parameters (strategy.params): how finely its scales are kept."""
 
     scale: Literal["block", "token"] = "block"  # one scale per block and head, or per token and head
-    channels: int = 0  # values of a head's features per scale (0: the head size, K and V apart)
+    channels: int = 0  # values of a head's features per scale (0: the head size, K and V apart; MLA: the rope's)
 
     def __post_init__(self):
         if self.channels < 0:

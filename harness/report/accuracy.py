@@ -28,15 +28,17 @@ def metrics() -> list[Field]:
 def columns() -> list[str]:
     per_request = [c for f in metrics() for c in (f"{f.name}_p50", *([f"{f.name}_vs_fused"] if "vs_fused" in f.shown
                                                                       else []))]
-    return ["model", "device", "strategy", "prompt_len", "runs", *(g.key for g in figures_in("accuracy")),
-            *per_request, "status"]
+    return ["model", "kv_bytes_per_token", "device", "strategy", "prompt_len", "runs",
+            *(g.key for g in figures_in("accuracy")), *per_request, "status"]
 
 
 def accuracy_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """runs: load_runs' frame. Runs of one model, device, strategy and prompt length are pooled
-    (each figure as figures.py says: means, counts summed; the worst status); only the model,
-    device and prompt lengths where a lossy strategy ran are kept, with fused's rows there (its
-    bytes and time are the reference)."""
+    """runs: load_runs' frame. Runs of one model, device, strategy, codec (its scales: a strategy
+    run with other strategy.params is a row of its own) and prompt length are pooled (each
+    figure as figures.py says: means, counts summed; the worst status); only the model, device
+    and prompt lengths where a lossy strategy ran are kept, with fused's rows there (its bytes
+    and time are the reference). Each model's KV bytes per token (meta.json's geometry) is
+    beside its name, so that rows of different KV geometries compare per byte."""
     df = runs.copy()
     df["prompt_len"] = df.get("workload.prompt_len")
     # a run of several lengths (a benchmark's prompts file, workload=jsonl) has none to compare at
@@ -54,13 +56,14 @@ def accuracy_table(runs: pd.DataFrame) -> pd.DataFrame:
     in_cell = pd.Series([tuple(k) in cells for k in df[KEYS].astype(str).values], index=df.index, dtype=bool)
     df = df[in_cell & (lossy | (df["strategy"] == "fused"))]
     df["codec"] = df["codec"].fillna("-")
-    agg = {"runs": "sum", **{g.key: g.pooled for g in figures_in("accuracy")},
+    agg = {"runs": "sum", "kv_bytes_per_token": "first",
+           **{g.key: g.pooled for g in figures_in("accuracy") if g.key != "codec"},
            **{f"{f.name}_p50": "mean" for f in metrics()},
            "status": lambda s: "ok" if (s == "ok").all() else ",".join(sorted(set(map(str, s)) - {"ok"}))}
     for c in agg:
         if agg[c] == "mean":
             df[c] = pd.to_numeric(df[c], errors="coerce")
-    out = df.groupby([*KEYS, "strategy"], dropna=False).agg(agg).reset_index()
+    out = df.groupby([*KEYS, "strategy", "codec"], dropna=False).agg(agg).reset_index()
     fused = out[out["strategy"] == "fused"].set_index(KEYS)
     at = pd.MultiIndex.from_frame(out[KEYS])
     for f in metrics():
@@ -79,7 +82,8 @@ def to_markdown(table: pd.DataFrame) -> str:
         per_request.append(Column(f"{f.header} p50", f"{f.name}_p50", f.spec))
         if "vs_fused" in f.shown:
             per_request.append(Column(f"{f.header} / fused's", f"{f.name}_vs_fused", ".3g"))
-    columns = [Column("model"), Column("device"), Column("strategy"), Column("prompt", "prompt_len"), Column("runs"),
+    columns = [Column("model"), Column("KV B/token", "kv_bytes_per_token", ".0f"), Column("device"),
+               Column("strategy"), Column("prompt", "prompt_len"), Column("runs"),
                *(Column(g.label, g.key, g.spec) for g in figures_in("accuracy")), *per_request, Column("status")]
     return format_table(table.to_dict("records"), columns, markdown=True)
 
