@@ -51,6 +51,7 @@ import pandas as pd
 
 from harness import PROJECT_ROOT
 from harness.ceiling import copy_ceiling_gbps
+from harness.records.kv_geometry import kv_geometry
 from harness.report.benchmark import replot, write_tables
 from harness.workload import bench_prompts
 
@@ -138,7 +139,7 @@ def main() -> int:
     ceiling = max(max(pair) for pair in ceilings.values())
     around = "; ".join(f"{'' if len(ceilings) == 1 else f'round {k}: '}before {b:.2f}, after {a:.2f}"
                        for k, (b, a) in sorted(ceilings.items()))
-    title = f"{device_name(plan.device)}; ceiling ({ceiling_of}, same run): {ceiling:.2f} GB/s ({around})"
+    title = f"{device_name(plan.device)}; {plan.model}; ceiling ({ceiling_of}, same run): {ceiling:.2f} GB/s ({around})"
     print(write_tables(out, [label for label, _, _ in plan.runs], ceiling, title))
     print(f"\nwritten: {out / 'table.md'}, {out / 'rows.csv'}, {out / 'figure.png'}")
     return 0 if all(c == 0 for c in codes) else 1
@@ -211,8 +212,11 @@ class Plan:
     (composed as the harness composes it) says about lengths, strategies and device."""
 
     def __init__(self, experiment: str, overrides: list[str], lengths: list[int], per_length: int,
-                 strategies: list[str], device: str, submits: list[str | None] | None = None, starts: int = 1):
-        self.experiment, self.overrides = experiment, overrides
+                 strategies: list[str], device: str, submits: list[str | None] | None = None, starts: int = 1,
+                 model: str = ""):
+        """model: the model and its KV geometry, for the table's first line (rows of different
+        geometries compare per byte)."""
+        self.experiment, self.overrides, self.model = experiment, overrides, model
         self.lengths, self.per_length, self.strategies, self.device = lengths, per_length, strategies, device
         self.submits = submits or [None]
         self.starts = starts  # bench.engine_starts: each strategy's engines started this many times
@@ -244,8 +248,11 @@ class Plan:
             starts = bench.get("engine_starts", 1)
             if isinstance(starts, bool) or not isinstance(starts, int) or starts < 1:
                 raise ValueError(f"bench.engine_starts must be a whole number >= 1, got {starts!r}")
+            geometry = kv_geometry(str(cfg.model.path), str(cfg.model.dtype))
+            model = cfg.model.name + (f" (KV: {geometry.describe()})" if geometry else "")
             plan = cls(experiment, list(overrides), [int(n) for n in bench.lengths], int(bench.per_length),
-                       list(bench.strategies), cfg.device.type, list(bench.get("decode_submit") or []), starts)
+                       list(bench.strategies), cfg.device.type, list(bench.get("decode_submit") or []), starts,
+                       model)
         except (HydraException, OmegaConfBaseException, ValueError, TypeError) as e:
             print(f"error: --experiment {experiment} -- {' '.join(overrides)}: {str(e).splitlines()[0]}",
                   file=sys.stderr)

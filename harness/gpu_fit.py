@@ -26,7 +26,8 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2,
 
 def weight_bytes(model_path: str, dtype: str) -> int | None:
     """The model's weights: its safetensors files where it has them, else counted from a Llama-like
-    config.json (the shape-only models load dummy weights of that size); None where neither is here."""
+    or DeepSeek-like (MLA) config.json (the shape-only models load dummy weights of that size);
+    None where neither is here."""
     local = Path(model_path).expanduser()
     files = sorted(local.glob("*.safetensors")) if local.is_dir() else []
     if files:
@@ -40,8 +41,16 @@ def weight_bytes(model_path: str, dtype: str) -> int | None:
         heads = c["num_attention_heads"]
     except KeyError:
         return None
-    kv, hd = c.get("num_key_value_heads", heads), c.get("head_dim") or h // heads
-    per_layer = h * heads * hd * 2 + 2 * h * kv * hd + 3 * h * inter + 2 * h
+    if c.get("kv_lora_rank"):  # DeepSeek's MLA (every layer dense, as the shape models are)
+        qk, latent, rope, v = c["qk_nope_head_dim"] + c["qk_rope_head_dim"], c["kv_lora_rank"], c["qk_rope_head_dim"], \
+            c["v_head_dim"]
+        rank = c.get("q_lora_rank")
+        q = h * rank + rank * heads * qk if rank else h * heads * qk
+        attention = q + h * (latent + rope) + latent * heads * (qk - rope + v) + heads * v * h
+    else:
+        kv, hd = c.get("num_key_value_heads", heads), c.get("head_dim") or h // heads
+        attention = h * heads * hd * 2 + 2 * h * kv * hd
+    per_layer = attention + 3 * h * inter + 2 * h
     params = vocab * h * (1 if c.get("tie_word_embeddings") else 2) + layers * per_layer + h
     return params * DTYPE_BYTES.get(str(dtype), 2)
 

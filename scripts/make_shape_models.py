@@ -52,22 +52,41 @@ def shapes(vocab: int, bos: int, eos: int, pad: int) -> dict[str, tuple[str, dic
             max_window_layers=24, attention_dropout=0.0, torch_dtype="bfloat16"),
             "Qwen2.5-0.5B: 24 layers, hidden 896, MLP 4864, 14 query heads, "
             "2 KV heads of size 64 (12 KiB of bf16 KV per token), tied embeddings, QKV bias"),
+        # DeepSeek-V3's attention and dense-layer shapes; 12 of its 61 layers, all dense (its MoE layers
+        # hold 22 GiB of experts each), so that three engines fit one 80 GB GPU as the 8B shape's do
+        # (about 14 GB of weights each). Its KV per layer and token is V3's: one latent of 512 and a
+        # rotary key of 64, 1152 bytes in bf16.
+        "deepseek-v3-shape": ("deepseek_v3", dict(
+            common,
+            hidden_size=7168, intermediate_size=18432, num_hidden_layers=12, first_k_dense_replace=12,
+            num_attention_heads=128, num_key_value_heads=128, q_lora_rank=1536, kv_lora_rank=512,
+            qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, head_dim=64,
+            n_routed_experts=256, n_shared_experts=1, moe_intermediate_size=2048, num_experts_per_tok=8,
+            max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, rope_interleave=True,
+            tie_word_embeddings=False, attention_bias=False, num_nextn_predict_layers=0,
+            torch_dtype="bfloat16"),
+            "DeepSeek-V3's layers, 12 of its 61 and all dense: hidden 7168, MLP 18432, 128 heads, "
+            "q_lora_rank 1536, MLA latent 512 + rotary key 64 per token and layer (13.5 KiB of bf16 KV "
+            "per token here, 68.6 KiB with all 61 layers)"),
     }
 
 
 def kv_bytes_per_token(cfg, dtype_bytes: int = 2) -> int:
+    if getattr(cfg, "kv_lora_rank", None):  # MLA: one latent and one rotary key per token and layer
+        return cfg.num_hidden_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * dtype_bytes
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * dtype_bytes
 
 
 def write(name: str, model_type: str, kwargs: dict, desc: str) -> Path:
-    from transformers import GenerationConfig, LlamaConfig, Qwen2Config
+    from transformers import DeepseekV3Config, GenerationConfig, LlamaConfig, Qwen2Config
 
-    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config}[model_type]
+    cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "deepseek_v3": DeepseekV3Config}[model_type]
     out = MODELS / name
     out.mkdir(parents=True, exist_ok=True)
     cfg = cls(**kwargs)
-    cfg.architectures = ["LlamaForCausalLM" if model_type == "llama" else "Qwen2ForCausalLM"]
+    cfg.architectures = [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                          "deepseek_v3": "DeepseekV3ForCausalLM"}[model_type]]
     cfg.save_pretrained(str(out))
     # Keys that transformers < 5 reads (transformers 5 writes `dtype` and `rope_parameters`).
     cj = json.loads((out / "config.json").read_text())
@@ -123,15 +142,18 @@ def main() -> int:
     if args.verify:
         from transformers import AutoConfig, AutoTokenizer
 
-        for name in ["tiny-llama", "llama3-8b-shape", "qwen2.5-0.5b-shape"]:
+        for name in ["tiny-llama", "llama3-8b-shape", "qwen2.5-0.5b-shape", "deepseek-v3-shape"]:
             cfg = AutoConfig.from_pretrained(str(MODELS / name))
             tok = AutoTokenizer.from_pretrained(str(MODELS / name))
             assert len(tok) == cfg.vocab_size, (len(tok), cfg.vocab_size)
             print(f"{name}: {cfg.model_type}, {cfg.num_hidden_layers} layers, "
-                  f"{cfg.num_key_value_heads} KV heads, vocab {cfg.vocab_size}, "
+                  f"{getattr(cfg, 'kv_lora_rank', None) and 'an MLA latent' or f'{cfg.num_key_value_heads} KV heads'}, "
+                  f"vocab {cfg.vocab_size}, "
                   f"KV bytes/token (bf16) {kv_bytes_per_token(cfg)}")
         cfg = AutoConfig.from_pretrained(str(MODELS / "llama3-8b-shape"))
         assert kv_bytes_per_token(cfg) == 131072, kv_bytes_per_token(cfg)
+        cfg = AutoConfig.from_pretrained(str(MODELS / "deepseek-v3-shape"))
+        assert kv_bytes_per_token(cfg) == 12 * 576 * 2, kv_bytes_per_token(cfg)
     for name in args.vllm:
         verify_vllm(name)
     return 0

@@ -56,6 +56,24 @@ def test_outputs_and_digests_match_the_baseline_on_cuda(case, results_dir):
     assert abs(sum(s["overhead_parts_mean_ms"].values()) - s["overhead_mean_ms"]) < 1e-6
 
 
+# no GPU MLA backend takes float32 (FlashAttention's and Triton's: fp16 and bf16): the trained weights' own bf16
+@pytest.mark.parametrize("strategy", ["fused", "layerwise", "fused_int8"])
+def test_the_trained_mla_model_moves_its_latent_on_cuda(strategy, results_dir):
+    run = run_harness(results_dir / f"gpu-mla-{strategy}", "experiment=gpu_check", "model=tiny_mla",
+                      "model.dtype=bfloat16", f"strategy={strategy}", device="cuda")
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    # bf16: a near tie may tip either way (harness/records/compare.py); a lossy codec's outputs may differ
+    assert s["status"] == "ok" and s["requests"] == 6
+    assert strategy == "fused_int8" or s["mismatches"] == s["near_ties"]
+    assert s["digest_checked"] == 6 and s["digest_failures"] == 0 and not s["kv_recomputed"]
+    assert {s["cudagraph_mode"][engine] for engine in ("prefill", "decode")} == {"FULL_AND_PIECEWISE"}
+    meta = json.loads((run.run_dir / "meta.json").read_text())
+    assert meta["kv_geometry"]["kind"] == "latent" and meta["kv_geometry"]["bytes_per_token"] == 4 * 576 * 2
+    for records in (worker_records(run, "send", 1)[0], worker_records(run, "receive", 1)[0]):
+        assert {tuple(r["digests"]) for r in records} == {("all",)}  # per block: no heads to cut
+
+
 @pytest.mark.parametrize("strategy", ["fused", "layerwise"])
 def test_prompts_extending_one_that_ended_on_a_block_boundary_on_cuda(strategy, results_dir, tmp_path_factory):
     """The edge-case prompts (tests/test_e2e_cpu.py) with CUDA graphs and the prefix cache on, 4 in

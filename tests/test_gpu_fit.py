@@ -20,6 +20,12 @@ def test_the_8b_shape_weighs_what_its_bf16_parameters_do():
     assert weight_bytes("models/llama3-8b-shape", "bfloat16") / 1e9 == pytest.approx(14.02, rel=0.005)
 
 
+def test_the_deepseek_shape_weighs_what_its_mla_and_dense_layers_do():
+    # per layer: q 7168x1536 + 1536x128x192, latent 7168x576, its up-projection 512x128x256, output
+    # 128x128x7168, MLP 3x7168x18432: 583.5 million; 12 layers and two 3,502 x 7168 embeddings
+    assert weight_bytes("models/deepseek-v3-shape", "bfloat16") / 1e9 == pytest.approx(14.10, rel=0.005)
+
+
 def test_three_8b_engines_at_once_fit_an_h200_and_not_an_h100():
     s = settings("experiment=gpu_ttft")
     assert unfit(s, H200) is None
