@@ -141,7 +141,9 @@ PRESETS: dict[str, dict] = {
     # after 2000. A lower lr learns faster (loss EMA at step 250: 4.61 at 4e-3, 3.85 at 1.5e-3,
     # 4.15 at 8e-4); training stops once it is as memorised as tiny-llama (loss EMA < 0.5).
     "tiny_mla": {
-        "layers": 4, "hidden": 256, "heads": 4, "kv_heads": 4, "head_dim": 64, "intermediate": 704,
+        # head_dim 128 (query/key 128 + rotary 64, value 128): DeepSeek-V3's per-head sizes, the only ones
+        # vLLM 0.26's CUDA MLA prefill backends take (64 ran on the CPU but no GPU engine started, session 41)
+        "layers": 4, "hidden": 256, "heads": 4, "kv_heads": 4, "head_dim": 128, "intermediate": 704,
         # saved in bfloat16 (13 MB, not 26: vLLM needs lm_head apart, below); trained and run in float32
         "max_positions": 4096, "dtype": "bfloat16", "tokenizer_from": "models/tiny-llama",
         "steps": 2000, "batch_size": 4, "lr": 1.5e-3, "warmup": 50, "stop_loss": 0.5,
@@ -572,7 +574,8 @@ Attention: queries are projected directly from the hidden state
 (`q_lora_rank` null); keys and values come from one latent of
 {latent} values per token (`kv_lora_rank`) plus one rotary key of {rope} values
 (`qk_rope_head_dim`) shared by all heads; per head, query and key have {hd}
-non-rotary + {rope} rotary dims and the value {hd} dims. The KV cache holds, per
+non-rotary + {rope} rotary dims and the value {hd} dims (DeepSeek-V3's sizes: vLLM 0.26's CUDA
+MLA prefill backends take no others). The KV cache holds, per
 token and layer, only the latent and the rotary key, {latent} + {rope} = {width} values,
 and no KV heads: {info['layers']} layers x {width} x 4 bytes = {info['kv_bytes_per_token']} bytes of float32 per token,
 against tiny-llama's 4 layers x 2 (K, V) x 2 KV heads x 64 x 4 bytes = 4096
