@@ -36,7 +36,7 @@ def corrupted(df: pd.DataFrame) -> pd.Series:
 
 
 def with_vllms_cpu_rotary_op(df: pd.DataFrame) -> pd.Series:
-    """Runs that give vLLM's CPU rotary op back to an MLA model (2026-12-07-s40-mla/fused-cpu-rotary-op):
+    """Runs that give vLLM's CPU rotary op back to an MLA model (2026-12-07-s41-mla/fused-cpu-rotary-op):
     the upstream fault they show passes by failing, the KV intact."""
     ops = df.get("engine.extra.compilation_config.custom_ops", pd.Series(None, index=df.index))
     return ops.apply(lambda v: isinstance(v, tuple) and "all" in v)

@@ -66,15 +66,15 @@ ARCHIVED: list[Archived] = [
              "reached its budget", "b5a0ecd3ebc819747cbd2085b3e5fe2cb3afc387"),
     Archived("cpu/2026-12-03-s16-engine-reuse", "session 16's sweep with and without engine reuse (issue 24), "
              "superseded by session 19's (cpu/2026-12-03-s19-engine-reuse); only CHANGELOG.md cited it; 0.38 MB, "
-             "archived in session 39 when the connectors' comparison took results/ past its budget",
-             "6ffff48bddb4e2cb0e4ab6a7b3a087bd82f1075f"),
+             "archived in session 39 (over budget)", "6ffff48bddb4e2cb0e4ab6a7b3a087bd82f1075f"),
     Archived("cpu/2026-12-04-s21-lossy", "session 21's lossy strategies on the CPU, superseded by session 22's "
              "(cpu/2026-12-04-s22-lossy, the same accuracy columns); only CHANGELOG.md cited it; 0.63 MB, archived in "
              "session 39 with the one above", "6ffff48bddb4e2cb0e4ab6a7b3a087bd82f1075f"),
     *(Archived(path, f"{why}; archived in session 41 (over budget)", "ab4285ce4fc58cca8e925ab78b7a7f9aa5a64ead")
       for path, why in [("cpu/2026-12-06-s32-ab", "session 32's A/B of a refactor; CHANGELOG.md cited it"),
                         ("cpu/2026-12-04-s21-ab-fused", "session 21's A/B of fused; CHANGELOG.md cited it"),
-                        ("gpu/2026-12-01-s12", "session 12's TP check of the 8B-KV model; uncited")]),
+                        ("gpu/2026-12-01-s12", "session 12's TP check of the 8B-KV model; uncited"),
+                        ("cpu/2026-12-07-s40-mla", "tiny-mla with 64-dim heads; superseded by s41-mla")]),
 ]
 
 # the GPU sessions' old names (until issue 27): records and notes written then still use them
