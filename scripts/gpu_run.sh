@@ -23,6 +23,9 @@
 #                                    # chunks of CHUNK (2048) tokens; two multiruns, each strategy's engines started once
 #                                    # in each (kept across the speeds); then link_report.py. Root, ip and tc; EXPERIMENT
 #                                    # (gpu_ttft) names another setup (cpu_bench: the same on the CPU, tests/test_link_cpu.py)
+#   bash scripts/gpu_run.sh mla      # issue 49: the trained tiny MLA model on CUDA (check -k mla: fused, layerwise, fused_int8,
+#                                    # CUDA graphs), then ttft with DeepSeek-V3's layer shape (model=deepseek_v3_shape; NAME
+#                                    # ttft-mla, STRATEGIES fused,layerwise,fused_int8, early submission; ROUND=k as for ttft)
 #   bash scripts/gpu_run.sh serve    # experiment=gpu_serve: runner=serve sweep on two GPUs (harness overrides follow,
 #                                    # e.g. strategy=fused,layerwise serve.request_rate=1,2,4)
 #   bash scripts/gpu_run.sh serve1   # experiment=gpu_serve_1gpu: the same on one GPU, 1P1D against two colocated replicas,
@@ -37,7 +40,7 @@ OUT=${OUT:-$RUNS}           # where the tables and summaries are copied (the dev
 mkdir -p "$RUNS" "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 FIT=()  # harness overrides that fit three Llama-3-8B-shape engines on a GPU under 100 GiB (an 80 GB H100)
-case "${1:-check}" in check|bench|bench2|ttft|ttft2|compare|serve|serve1|kvmodel|lossy|lossy-stored|links|codecs|probe) ;;
+case "${1:-check}" in check|bench|bench2|ttft|ttft2|compare|serve|serve1|kvmodel|lossy|lossy-stored|links|codecs|probe|mla) ;;
   *) echo "error: gpu_run.sh: no recipe ${1@Q} (the comment at its top lists them)" >&2; exit 2 ;;
 esac
 # compare reads records only: it keeps the gpu.txt of the run it checks
@@ -133,6 +136,12 @@ case "${1:-check}" in
       2>&1 | tail -40
     [ "${PIPESTATUS[0]}" = 0 ] || code=1
     tar czf "$OUT/$name-runs.tgz" -C "$RUNS" "$name"
+    exit $code ;;
+  mla)
+    code=0
+    bash "$0" check -k mla || code=1
+    NAME=${NAME:-ttft-mla} STRATEGIES=${STRATEGIES:-fused,layerwise,fused_int8} bash "$0" ttft "bench.decode_submit=[early]" \
+      model=deepseek_v3_shape "${@:2}" || code=1
     exit $code ;;
   codecs)
     python3 scripts/bench_codecs.py --device cuda --preset llama3_8b --tokens ${TOKENS:-2048 8192 16384} --check "${@:2}" \
