@@ -178,9 +178,10 @@ def check_parallelism(cfg: DictConfig) -> None:
         if not isinstance(tp, int) or tp < 1:
             raise ConfigError(f"tensor_parallel_size on the {role} engine must be an integer >= 1, got {tp!r}")
         problem = degree_problem(tp, heads) if heads else None
-        if tp > 1 and role != "baseline" and geometry and geometry.kind == "latent":
-            problem = (f"tensor_parallel_size={tp}: this project's strategies move an MLA model's latent between "
-                       f"engines of one worker each so far (every rank holds the whole latent)")
+        if tp > 1 and role == "decode" and geometry and geometry.kind == "latent":
+            problem = (f"tensor_parallel_size={tp}: every decode worker holds an MLA model's whole latent, which "
+                       f"would cross to each of them; moving it once into a decode engine of several workers is not "
+                       f"built yet (a prefill engine of several workers sends it once, from its first)")
         if problem:
             raise ConfigError(f"{role} engine: {problem} (model {cfg.model.name})")
         degrees[role] = tp
@@ -346,10 +347,10 @@ def check_transport(cfg: DictConfig, device: str) -> None:
                           f"leave it null")
 
 
-def check_equal_degrees(cfg: DictConfig, connector: type | None) -> None:
+def check_equal_degrees(cfg: DictConfig, connector: type | None, mla: bool = False) -> None:
     """chunkwise's earlier messages do not carry the count a decode worker joining several prefill
-    workers needs: it needs equal tensor-parallel degrees."""
-    if not getattr(connector, "needs_equal_tp", False):
+    workers needs: it needs equal tensor-parallel degrees (an MLA latent comes whole from one)."""
+    if not getattr(connector, "needs_equal_tp", False) or mla:
         return
     why = "sends messages whose count is known only at the last one"
     p, d = tp_degree(cfg, "prefill"), tp_degree(cfg, "decode")
@@ -375,9 +376,10 @@ def checked_inputs(cfg: DictConfig) -> tuple[Settings, Workload]:
         start_engine_server(cfg, device)
         connector = load_connector(cfg.strategy)
         check_strategy_params(cfg.strategy, connector)
-        check_equal_degrees(cfg, connector)
         geometry = kv_geometry(str(cfg.model.path), str(cfg.engine.dtype))
-        check_block_size(cfg.engine.block_size, device, mla=geometry is not None and geometry.kind == "latent")
+        mla = geometry is not None and geometry.kind == "latent"
+        check_equal_degrees(cfg, connector, mla)
+        check_block_size(cfg.engine.block_size, device, mla)
     except MissingMandatoryValue as e:
         raise ConfigError(f"{e.full_key} has no value (??? in conf/): give it on the command line, "
                           f"{e.full_key}=...") from None

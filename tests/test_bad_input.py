@@ -205,9 +205,9 @@ def test_bad_input_is_judged_before_vllm_is_imported(tmp_path):
     assert "harness.offline.run" in imported and not [m for m in imported if m == "vllm" or m.startswith("vllm.")]
 
 
-def test_an_mla_model_on_the_cpu_takes_blocks_of_16_and_one_worker_a_side(tmp_path):
+def test_an_mla_model_on_the_cpu_takes_blocks_of_16_and_one_decode_worker(tmp_path):
     """vLLM 0.32's CPU MLA kernel takes blocks of 16 only (the default is 32); this project's
-    strategies do not split an MLA latent across tensor-parallel workers yet."""
+    strategies do not move an MLA latent once into a decode engine of several workers yet."""
     model = tmp_path / "mla"
     model.mkdir()
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -220,5 +220,5 @@ def test_an_mla_model_on_the_cpu_takes_blocks_of_16_and_one_worker_a_side(tmp_pa
     assert_bad_input(refused_in_process(tmp_path / "r", *mla), "engine.block_size=32",
                      "CPU MLA attention takes blocks of 16", "engine.block_size=16")
     assert_bad_input(refused_in_process(tmp_path / "s", *mla, "engine.block_size=16",
-                                        "engines.prefill={tensor_parallel_size:2}"),
-                     "prefill engine: tensor_parallel_size=2", "MLA model's latent")
+                                        "engines.decode={tensor_parallel_size:2}"),
+                     "decode engine: tensor_parallel_size=2", "MLA model's whole latent")

@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tests.conftest import cells, run_harness, write_token_prompts
-from tests.helpers.runs import edge_prompts, harness_on_edge_prompts
+from tests.helpers.runs import edge_prompts, harness_on_edge_prompts, worker_records
 
 pytestmark = pytest.mark.engine
 
@@ -48,6 +48,32 @@ def test_a_block_is_16_tokens_of_one_latent_per_layer_no_heads(mla_run):
     geometry = json.loads((mla_run.run_dir / "meta.json").read_text())["kv_geometry"]
     assert (geometry["kind"], geometry["latent"], geometry["rope"], geometry["bytes_per_token"]) == \
         ("latent", 512, 64, LAYERS * LATENT * 4)
+
+
+# make test: fused once (a TP-2 prefill engine is the new thing); the others in test-full
+@pytest.mark.parametrize("strategy", cells(["fused", "per_request_blocks", "full_cache", "layerwise", "chunkwise",
+                                            "fused_int8"], {"fused"}))
+def test_a_tp2_prefill_engine_sends_the_latent_once(strategy, results_dir, tmp_path):
+    # every prefill worker holds the whole latent: the first sends it, the second records that it sent nothing
+    prompts = write_token_prompts(tmp_path / "p.jsonl", edge_prompts(BLOCK)[:5])
+    run = run_harness(results_dir / f"mla-tp2to1-{strategy}", "model=tiny_mla", f"strategy={strategy}",
+                      "engines.prefill={tensor_parallel_size:2}", "workload=jsonl", f"workload.path={prompts}",
+                      "sampling.max_tokens=8")
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "ok" and s["digest_failures"] == 0 and s["digest_checked"] >= 4
+    assert strategy == "fused_int8" or s["match_rate"] == 1.0
+    first, second = worker_records(run, "send", 2)
+    (received,) = worker_records(run, "receive", 1)
+    assert len(first) == len(second) == len(received) == 5
+    assert all(r["bytes"] == 0 and r["messages"] == 0 and not r["error"] for r in second)
+    got = {r["transfer_id"]: r for r in received}
+    for sent in first:  # the sender's copy, block for block
+        assert got[sent["transfer_id"]]["digests"] == sent["digests"] and set(sent["digests"]) == {"all"}
+    rows = run.jsonl("requests.jsonl")
+    assert sorted(r["bytes"] for r in rows) == sorted(r["bytes"] for r in first)  # what crossed, once per request
+    if strategy not in ("full_cache", "fused_int8"):
+        assert all(r["bytes"] == r["blocks"] * BLOCK * LATENT * LAYERS * 4 for r in rows)
 
 
 @pytest.mark.full

@@ -116,6 +116,11 @@ def test_digests_agree_per_channel_even_where_prefill_replicas_differ():
     assert digests_agree([rec("send", r, {"all": [r]}) for r in range(2)],
                          [rec("receive", r, {"all": [r]}) for r in range(2)], 2, 2)
     assert digests_agree([rec("send", 0, None)], [rec("receive", 0, {"0": ["a"]})], 1, 1) is None
+    # MLA's latent ("all": no heads to cut) from a TP-2 prefill engine: the first worker's copy is what must
+    # arrive (the second sent nothing)
+    latent = [rec("send", 0, {"all": ["l0"]}), rec("send", 1, {"all": ["l1"]})]
+    assert digests_agree(latent, [rec("receive", 0, {"all": ["l0"]})], 2, 1)
+    assert not digests_agree(latent, [rec("receive", 0, {"all": ["l1"]})], 2, 1)
 
 
 def test_a_lossy_transfer_between_degrees_is_judged_part_by_part():

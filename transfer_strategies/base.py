@@ -103,7 +103,7 @@ __all__ = ["TransferConnector", "TransferRequest"]
 
 def engine_placement(vllm_config: VllmConfig, harness: HarnessSettings, is_producer: bool) -> Placement:
     """This worker's rank and both engines' TP degrees (the other engine's from the harness), and
-    the model's KV heads."""
+    the model's KV heads (1 for MLA's latent)."""
     from vllm.distributed.parallel_state import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 
     tp = get_tensor_model_parallel_world_size()
@@ -112,7 +112,9 @@ def engine_placement(vllm_config: VllmConfig, harness: HarnessSettings, is_produ
     if said != tp:
         raise RuntimeError(f"the harness says the {side} engine has tensor_parallel_size={said}, this engine has {tp}")
     model = vllm_config.model_config
-    return Placement(get_tensor_model_parallel_rank(), p, d, model.get_total_num_kv_heads(), is_producer)
+    # MLA's latent is one unit every worker holds whole (its config's num_key_value_heads are the query heads')
+    heads = 1 if model.use_mla else model.get_total_num_kv_heads()
+    return Placement(get_tensor_model_parallel_rank(), p, d, heads, is_producer)
 
 
 class TransferConnector(KVConnectorBase_V1):
@@ -254,6 +256,9 @@ class TransferConnector(KVConnectorBase_V1):
             send_side = self.worker.send_side
             connector_metadata.sends = send_side.routable(connector_metadata.sends)
             connector_metadata.chunks = send_side.routable(connector_metadata.chunks, record=False)
+            if send_side.silent:  # the strategy sees none of them: their records say nothing was sent
+                connector_metadata.recorded_only, connector_metadata.sends = connector_metadata.sends, []
+                connector_metadata.chunks = []
             for req in connector_metadata.sends:
                 send_side.route(req)  # what prepare_send allocates is in its decode instance's space
                 self.prepare_send(req)
@@ -299,6 +304,9 @@ class TransferConnector(KVConnectorBase_V1):
             if req.progress.clock is None:  # not already sending from inside the forward pass
                 self.begin_send(req)
                 self.send(req)
+            self.end_send(req)
+        for req in self.this_step().recorded_only:  # after the forward pass: the digests are of its KV
+            self.begin_send(req)
             self.end_send(req)
 
     # ------------------------------------------------------------ counters in /metrics (connector_stats.py)

@@ -106,6 +106,8 @@ class TransferMetadata(KVConnectorMetadata):
     # prefill: requests whose prompt this step computes a part of, not its end (chunked prefill):
     # their blocks so far and computed_tokens; they are in `sends` in the step that ends the prompt
     chunks: list[TransferRequest] = field(default_factory=list)
+    # prefill: sends this worker only records (another worker sends the KV it holds too: MLA's latent under TP)
+    recorded_only: list[TransferRequest] = field(default_factory=list)
     loads: list[TransferRequest] = field(default_factory=list)  # decode: load before this step's forward pass
     parked: list[TransferRequest] = field(default_factory=list)  # decode: load when the KV has arrived
     drains: list[TransferRequest] = field(default_factory=list)  # decode: nothing to load; take the message

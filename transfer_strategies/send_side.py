@@ -13,6 +13,7 @@ import torch
 
 from transfer_strategies.clock import SendClock
 from transfer_strategies.faults import WITHHELD, damage, header
+from transfer_strategies.head_shards import ShardedSender
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.kv_transfer_params import PEER
 from transfer_strategies.recorder import TransferRecorder, sync
@@ -32,6 +33,13 @@ class SendSide:
         the staging buffer the receiver reads from: a payload built there is not copied again)."""
         kv = self.kv
         return kv.view(self.channel.alloc(kv.nbytes(n_blocks, n_layers)), n_layers)
+
+    @property
+    def silent(self) -> bool:
+        """Whether this worker sends to no decode worker: every worker of a TP prefill engine holds
+        all of MLA's latent, and only the first sends it (tp.shares), so it crosses once."""
+        senders = self.channel.senders if isinstance(self.channel, FanOut) else [self.channel]
+        return all(isinstance(one, ShardedSender) and not one.targets for one in senders)
 
     def route(self, req: TransferRequest):
         """The channel req's KV leaves by: with several decode instances (transport/fan_out.py)

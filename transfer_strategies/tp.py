@@ -13,6 +13,9 @@ from several when prefill's is higher. Where prefill replicates a head, decode w
 it from replica q mod replicas, spreading the readers. A `Share` is what one prefill worker
 sends one decode worker: a consecutive range of global heads. Both sides compute the same
 shares from (p, d, n), so a channel's two ends agree without asking.
+
+MLA's latent is one "head" here (base.engine_placement: vLLM counts 1), which every worker holds
+whole: from p prefill workers to one decode worker the first sends it and the others send nothing.
 """
 
 from __future__ import annotations

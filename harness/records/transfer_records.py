@@ -86,20 +86,24 @@ def digests_agree(sent: list[TransferRecord], received: list[TransferRecord], p:
         return all(sends[r] == receives[r] for r in range(p))
     from transfer_strategies.tp import heads_of, shares  # here: the results loader reads records without torch
 
-    n_heads = len({h for digests in sends.values() for h in digests})
-    if not all(receives[q].keys() == {str(h) for h in heads_of(q, d, n_heads)} for q in range(d)):
-        return False
-    if lossy:  # each part: what its prefill worker checksummed for that decode worker, as it arrived
+    if {h for digests in receives.values() for h in digests} == {"all"}:
+        # no heads (MLA's latent, which vLLM counts as one KV head): every worker holds it whole, and each
+        # decode worker must hold its sender's copy (tp.shares: the first prefill worker's)
+        pairs = [(s.prefill_rank, s.decode_rank, ["all"]) for s in shares(p, d, 1)]
+    else:
+        n_heads = len({h for digests in sends.values() for h in digests})
+        if not all(receives[q].keys() == {str(h) for h in heads_of(q, d, n_heads)} for q in range(d)):
+            return False
+        pairs = [(s.prefill_rank, s.decode_rank, [str(h) for h in s.heads]) for s in shares(p, d, n_heads)]
+    if lossy:  # each part (by head: of the decode worker's checksum the prefill worker's part) as it arrived
         sent_parts = {r.rank or 0: r.payload_digest for r in sent}
         got_parts = {r.rank or 0: r.payload_digest for r in received}
-        for s in shares(p, d, n_heads):
-            mine, theirs = sent_parts[s.prefill_rank], got_parts[s.decode_rank]
-            if not (isinstance(mine, dict) and isinstance(theirs, dict)
-                    and mine.get(str(s.decode_rank)) is not None
-                    and mine.get(str(s.decode_rank)) == theirs.get(str(s.prefill_rank))):
+        for r, q, _ in pairs:
+            mine = sent_parts[r].get(str(q)) if isinstance(sent_parts[r], dict) else sent_parts[r]
+            theirs = got_parts[q].get(str(r)) if isinstance(got_parts[q], dict) else got_parts[q]
+            if mine is None or mine != theirs or isinstance(sent_parts[r], dict) != isinstance(got_parts[q], dict):
                 return False
-    return all(sends[s.prefill_rank].get(str(h)) == receives[s.decode_rank][str(h)]
-               for s in shares(p, d, n_heads) for h in s.heads)
+    return all(sends[r].get(k) == receives[q][k] for r, q, keys in pairs for k in keys)
 
 
 class TransferRecordReader:
