@@ -177,23 +177,31 @@ def test_bad_input_on_the_command_line_is_exit_2_and_one_line(tmp_path):
     assert json.loads((run.run_dir / "summary.json").read_text())["error"].startswith("sampling.max_tokens")
 
 
-def forkservers() -> set[int]:
-    """Engine servers (harness/forkserver.py) running on this machine, this process's left out."""
-    return {p.pid for p in psutil.process_iter(["cmdline", "ppid"])
-            if "multiprocessing.forkserver" in " ".join(p.info["cmdline"] or ()) and p.info["ppid"] != os.getpid()}
+def started_under(tag: str) -> list[str]:
+    """Processes on this machine whose environment carries HARNESS_TEST_TAG=tag: a run started with
+    it and everything it started (the engines' server inherits it), and no other run's."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if p.environ().get("HARNESS_TEST_TAG") == tag:
+                found.append(" ".join(p.info["cmdline"] or ()) or str(p.pid))
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    return found
 
 
 def test_a_refusal_after_the_engines_server_started_leaves_no_process(tmp_path):
     """On CPU the server the engines are forked from starts while the run is checked, its import of
     vLLM beside the checks' own (engine_config.start_engine_server); a refusal known only after that
     (a prompt too long for the engine, once the tokenizer is loaded) still leaves nothing running:
-    the server, importing for seconds more, is stopped as the process exits."""
-    before = forkservers()
+    the server, importing for seconds more, is stopped as the process exits. Only this run's
+    processes are looked for (its tag): other runs on the machine may start and stop servers."""
+    tag = f"refusal-{os.getpid()}-{tmp_path.name}"
     prompts = write_token_prompts(tmp_path / "p.jsonl", [[7] * 200])
     run = run_harness(tmp_path / "r", "workload=jsonl", f"workload.path={prompts}", "engine.max_model_len=128",
-                      subprocess_only=True)
+                      env={"HARNESS_TEST_TAG": tag})
     assert_bad_input(run, "engine.max_model_len")
-    assert forkservers() <= before
+    assert started_under(tag) == []
 
 
 def test_bad_input_is_judged_before_vllm_is_imported(tmp_path):
