@@ -70,7 +70,8 @@ def test_readme_documents_every_summary_key_and_no_other():
                           baseline_self_mismatches=0, baseline_self_match_rate=1.0,
                           transfer_held={"prefill": {"staging_regions": 0}, "decode": {"transfers": 0, "parked": 0}},
                           engines_reused={"baseline": True, "prefill": False, "decode": False},
-                          engine_logs={"baseline": "runs/1/baseline.log"}, kv_cache_dtype=None)
+                          engine_logs={"baseline": "runs/1/baseline.log"}, kv_cache_dtype=None,
+                          kv_geometry=None)
     assert summary["schema_version"] == SCHEMA_VERSION and summary["mismatches"] == 3
     assert expand(documented("summary.json")) == set(summary) | {"recomputed", "diagnosis", "link_ceiling_gbps", "link"}
 

@@ -119,6 +119,7 @@ def _run(cfg: DictConfig, run_dir: Path, link: VethLink | None = None) -> int:
                           decode_submit=settings.decode_submit, kv_blocks_in_use=kv_in_use, transfer_held=transfer_held,
                           engines_reused=dict(deployment.reused), engine_logs=deployment.engine_logs(),
                           kv_cache_dtype=settings.kv_cache_dtype,
+                          kv_geometry=settings.kv_geometry and settings.kv_geometry.describe(),
                           **({"link_ceiling_gbps": link_gbps} if link_gbps is not None else {}),
                           **({"link": link.spec.summary()} if link is not None else {}),
                           baseline_self_mismatches=self_match.count(False) if self_match else None,

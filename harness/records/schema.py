@@ -31,7 +31,8 @@ from harness.records.fields import (
 # The version of the harness's rows and summaries (schema_version in each); the connectors' records
 # have their own (transfer_strategies/records.py RECORD_VERSION), the same number up to 16.
 #  17: versioned apart; the fields declared once (fields.py); the status scenario_unmet
-SCHEMA_VERSION = 17
+#  18: summary.json's kv_geometry (both runners)
+SCHEMA_VERSION = 18
 UNVERSIONED = 1  # what a row without schema_version is
 
 OVERHEAD_PARTS = [f"overhead_{part}_ms" for part, _ in CRITICAL_PATH]

@@ -151,4 +151,5 @@ def run_facts(settings: Settings, run_id: str, external: bool) -> dict:
                 "end_rps": cfg.serve.ramp_up_end_rps},
             "max_concurrency": cfg.serve.max_concurrency, "instances": None if external else instance_counts(cfg),
             "slo": {"ttft_ms": cfg.slo.ttft_ms, "tpot_ms": cfg.slo.tpot_ms}, "kv_cache_dtype": settings.kv_cache_dtype,
+            "kv_geometry": settings.kv_geometry and settings.kv_geometry.describe(),
             "coalesced_gap_ms": cfg.serve.coalesced_gap_ms}
