@@ -30,6 +30,18 @@ def test_an_mla_token_holds_one_latent_and_its_rotary_part_whatever_the_heads(tm
     assert v3.as_record()["describe"] == "61 layers x latent 512 + rope 64, 70272 B/token (bfloat16)"
 
 
+def test_a_hybrid_models_linear_attention_layers_hold_no_kv_per_token(tmp_path):
+    """Qwen3-Next's layout: three Gated DeltaNet layers (a recurrent state per request) to each full-attention one."""
+    (tmp_path / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3NextForCausalLM"], "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 64, "hidden_size": 256,
+        "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"]}))
+    g = kv_geometry(str(tmp_path), "bfloat16")
+    assert (g.layers, g.state_layers, g.bytes_per_token) == (1, 3, 2 * 2 * 64 * 2)
+    assert g.describe() == ("1 layers x K,V x 2 heads x 64 (+ 3 layers of recurrent state per request), "
+                            "512 B/token (bfloat16)")
+
+
 @pytest.mark.parametrize("config", [None, {"architectures": ["Odd"]}])
 def test_a_model_without_a_local_config_has_no_geometry(tmp_path, config):
     if config is not None:

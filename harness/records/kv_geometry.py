@@ -21,6 +21,7 @@ class KVGeometry:
     head_dim: int | None = None
     latent: int | None = None  # MLA: one latent (kv_lora_rank) and a rotary part per token, no heads
     rope: int | None = None
+    state_layers: int = 0  # hybrid models: layers holding a recurrent state per request, no KV per token
 
     @property
     def kind(self) -> str:
@@ -37,7 +38,8 @@ class KVGeometry:
     def describe(self) -> str:
         per_layer = (f"latent {self.latent} + rope {self.rope}" if self.latent
                      else f"K,V x {self.kv_heads} heads x {self.head_dim}")
-        return f"{self.layers} layers x {per_layer}, {self.bytes_per_token} B/token ({self.dtype})"
+        state = f" (+ {self.state_layers} layers of recurrent state per request)" if self.state_layers else ""
+        return f"{self.layers} layers x {per_layer}{state}, {self.bytes_per_token} B/token ({self.dtype})"
 
     def as_record(self) -> dict:
         """meta.json's `kv_geometry`."""
@@ -61,5 +63,10 @@ def kv_geometry(model_path: str, dtype: str) -> KVGeometry | None:
         return None
     if c.get("kv_lora_rank") is not None:
         return KVGeometry(layers, dtype, latent=c["kv_lora_rank"], rope=c["qk_rope_head_dim"])
+    # hybrid models name each layer's kind (Qwen3-Next/3.5: layer_types; Jamba, Falcon-H1: layers_block_type):
+    # only the attention layers hold KV per token
+    kinds = c.get("layer_types") or c.get("layers_block_type")
+    attention = layers if not isinstance(kinds, list) else sum("attention" in k and "linear" not in k for k in kinds)
     head_dim = c.get("head_dim") or c["hidden_size"] // heads
-    return KVGeometry(layers, dtype, kv_heads=c.get("num_key_value_heads") or heads, head_dim=head_dim)
+    return KVGeometry(attention, dtype, kv_heads=c.get("num_key_value_heads") or heads, head_dim=head_dim,
+                      state_layers=layers - attention)
