@@ -248,7 +248,7 @@ class Plan:
             starts = bench.get("engine_starts", 1)
             if isinstance(starts, bool) or not isinstance(starts, int) or starts < 1:
                 raise ValueError(f"bench.engine_starts must be a whole number >= 1, got {starts!r}")
-            geometry = kv_geometry(str(cfg.model.path), str(cfg.model.dtype))
+            geometry = kv_geometry(str(cfg.model.path), str(cfg.engine.dtype))
             model = cfg.model.name + (f" (KV: {geometry.describe()})" if geometry else "")
             plan = cls(experiment, list(overrides), [int(n) for n in bench.lengths], int(bench.per_length),
                        list(bench.strategies), cfg.device.type, list(bench.get("decode_submit") or []), starts,

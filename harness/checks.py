@@ -376,8 +376,8 @@ def checked_inputs(cfg: DictConfig) -> tuple[Settings, Workload]:
         start_engine_server(cfg, device)
         connector = load_connector(cfg.strategy)
         check_strategy_params(cfg.strategy, connector)
-        geometry = kv_geometry(str(cfg.model.path), str(cfg.engine.dtype))
-        mla = geometry is not None and geometry.kind == "latent"
+        settings = settle(cfg, device)
+        mla = settings.kv_geometry is not None and settings.kv_geometry.kind == "latent"
         check_equal_degrees(cfg, connector, mla)
         check_block_size(cfg.engine.block_size, device, mla)
     except MissingMandatoryValue as e:
@@ -392,7 +392,6 @@ def checked_inputs(cfg: DictConfig) -> tuple[Settings, Workload]:
             cfg.strategy.min_prompt_blocks * cfg.engine.block_size + 2, f"strategy {cfg.strategy.name!r}",
             f"engine.block_size + 2: vLLM's {cfg.strategy.connector} names its files after a prompt's whole "
             f"blocks but its last two tokens, and prompts with none collide")
-    settings = settle(cfg, device)
     if device == "cuda":
         why = unfit(settings, gpu_memory_gib())
         if why:

@@ -139,12 +139,13 @@ PRESETS: dict[str, dict] = {
     # no GQA). The tokenizer is tiny-llama's, so token ids match those of the default model.
     # tiny's recipe memorises less here: loss (EMA) 2.93 after its 800 steps (tiny: 0.49), 1.49
     # after 2000. A lower lr learns faster (loss EMA at step 250: 4.61 at 4e-3, 3.85 at 1.5e-3,
-    # 4.15 at 8e-4); training stops once it is as memorised as tiny-llama (loss EMA < 0.5).
+    # 4.15 at 8e-4; these with 64-dim heads, session 40); training stops once it is as memorised as
+    # tiny-llama (loss EMA < 0.5: step 848 with 128-dim heads).
     "tiny_mla": {
         # head_dim 128 (query/key 128 + rotary 64, value 128): DeepSeek-V3's per-head sizes, the only ones
         # vLLM 0.26's CUDA MLA prefill backends take (64 ran on the CPU but no GPU engine started, session 41)
         "layers": 4, "hidden": 256, "heads": 4, "kv_heads": 4, "head_dim": 128, "intermediate": 704,
-        # saved in bfloat16 (13 MB, not 26: vLLM needs lm_head apart, below); trained and run in float32
+        # saved in bfloat16 (16 MB, not 32: vLLM needs lm_head apart, below); trained and run in float32
         "max_positions": 4096, "dtype": "bfloat16", "tokenizer_from": "models/tiny-llama",
         "steps": 2000, "batch_size": 4, "lr": 1.5e-3, "warmup": 50, "stop_loss": 0.5,
         "mla": {"kv_lora_rank": 512, "qk_rope_head_dim": 64},

@@ -36,8 +36,7 @@ def open_sharded(place: Placement, kv: KVBlocks, rendezvous: str | list[str], op
     instance, a decode worker takes every prefill instance's parts into one inbox (a request's
     parts all come from the one instance that prefilled it). Each worker opens its channels by
     instance, then by share, so every channel opens in one order everywhere (_senders)."""
-    # one KV "head" (MLA's latent: vLLM counts 1) is whole on every worker: nothing is cut or joined
-    if place.prefill_tp != place.decode_tp and place.n_heads > 1 and not kv.head_dim_certain:
+    if place.prefill_tp != place.decode_tp and not place.one_head and not kv.head_dim_certain:
         raise RuntimeError(f"cannot tell the KV head axis in this engine's KV shape {kv.layer_shape(-1)} "
                            f"({kv.n_heads} heads): prefill TP {place.prefill_tp} and decode TP {place.decode_tp} "
                            f"need it; use equal TP degrees or another block size")

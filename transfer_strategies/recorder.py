@@ -148,5 +148,5 @@ class TransferRecorder:
                 for s in self.place.my_shares()]
 
     def _unequal_degrees(self) -> bool:
-        """Payloads cut by head between degrees (not a KV without heads: MLA's latent crosses whole)."""
-        return self.place is not None and self.place.prefill_tp != self.place.decode_tp and self.kv.head_dim is not None
+        """Payloads cut by head between degrees (not MLA's latent: it crosses whole)."""
+        return self.place is not None and self.place.prefill_tp != self.place.decode_tp and not self.place.one_head

@@ -27,19 +27,16 @@ class SendSide:
         header; timeout_s: the decode worker's, which a late message's default delay passes."""
         self.kv, self.channel, self.recorder = kv, channel, recorder
         self.checksums, self.timeout_s = checksums, timeout_s
+        # sends to no decode worker: every worker of a TP prefill engine holds all of MLA's latent,
+        # and only the first sends it (tp.shares), so it crosses once
+        senders = channel.senders if isinstance(channel, FanOut) else [channel]
+        self.silent = all(isinstance(one, ShardedSender) and not one.targets for one in senders)
 
     def alloc(self, n_blocks: int, n_layers: int) -> torch.Tensor:
         """[n_layers, *layer_shape(n_blocks)] in the KV dtype, in the channel's send space (in
         the staging buffer the receiver reads from: a payload built there is not copied again)."""
         kv = self.kv
         return kv.view(self.channel.alloc(kv.nbytes(n_blocks, n_layers)), n_layers)
-
-    @property
-    def silent(self) -> bool:
-        """Whether this worker sends to no decode worker: every worker of a TP prefill engine holds
-        all of MLA's latent, and only the first sends it (tp.shares), so it crosses once."""
-        senders = self.channel.senders if isinstance(self.channel, FanOut) else [self.channel]
-        return all(isinstance(one, ShardedSender) and not one.targets for one in senders)
 
     def route(self, req: TransferRequest):
         """The channel req's KV leaves by: with several decode instances (transport/fan_out.py)

@@ -85,6 +85,11 @@ class Placement:
         return heads_of(self.rank, self.tp, self.n_heads)
 
     @property
+    def one_head(self) -> bool:
+        """The model has one KV head (MLA's latent), whole on every worker: nothing is cut or joined."""
+        return self.n_heads == 1
+
+    @property
     def single(self) -> bool:
         """One worker on each side: the layout every strategy had before TP."""
         return self.prefill_tp == 1 and self.decode_tp == 1

@@ -89,8 +89,7 @@ class TransferWorker:
         """This engine's KV cache and records, before any channel opens."""
         self.place = place
         rank = 0 if place is None else place.rank
-        # one KV head (MLA's latent, which vLLM counts as one): whole on every worker, nothing to cut by head
-        self.kv = KVBlocks(kv_caches, num_blocks, None if place is None or place.n_heads == 1 else len(place.heads))
+        self.kv = KVBlocks(kv_caches, num_blocks, None if place is None or place.one_head else len(place.heads))
         self.recorder = TransferRecorder(self.strategy, self.is_producer, self.harness.verify, self.kv, place,
                                          RecordWriters(self.harness.stats_path, lambda path: rank_path(path, rank)),
                                          self.tally)
