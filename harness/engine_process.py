@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import random
 import signal
 import sys
 import time
@@ -136,6 +137,16 @@ def enter_netns(name: str) -> None:
     check(libc.mount(name.encode(), b"/sys", b"sysfs", 0, None), "mount /sys")
 
 
+def own_warmup_prompts(seed: int, max_model_len: int) -> list[list[int]]:
+    """The prompts an engine warms up on as it starts, token ids in [3, 100) (inside every model's
+    vocabulary). They carry no kv_transfer_params, so this project's connectors move nothing, but
+    vLLM's ExampleConnector stores and loads any prompt by its tokens alone: each engine's prompts
+    are its own (seed: its pid). With one set for all, a decode engine warming up beside its
+    prefill engine loaded files the other was still writing (FileNotFoundError; CI, 2026-12-07)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(3, 100) for _ in range(n)] for n in (3, 40, 100) if n + 3 <= max_model_len]
+
+
 def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None:
     os.setsid()
     die_with_parent()
@@ -164,9 +175,9 @@ def _serve(conn, name: str, engine_args: dict, env: dict, log_path: str) -> None
             engine_args = dict(engine_args, kv_transfer_config=KVTransferConfig(**engine_args["kv_transfer_config"]))
         llm = LLM(**engine_args)
         # The first requests pay one-off costs (kernel selection, allocator growth): keep them
-        # out of the measurements. No kv_transfer_params, so no connector moves anything.
-        for n in (n for n in (3, 40, 100) if n + 3 <= engine_args.get("max_model_len", 103)):
-            llm.generate([{"prompt_token_ids": [(7 * i) % 97 + 3 for i in range(n)]}],
+        # out of the measurements
+        for prompt in own_warmup_prompts(os.getpid(), engine_args.get("max_model_len", 103)):
+            llm.generate([{"prompt_token_ids": prompt}],
                          SamplingParams(max_tokens=3, ignore_eos=True, detokenize=False, logprobs=1), use_tqdm=False)
         engine = llm.llm_engine
         engine.reset_prefix_cache()  # a run starts with an empty cache, as one on a kept engine does

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from harness import forkserver
+from harness.engine_process import own_warmup_prompts
 from harness.forkserver import Forked
 from harness.forkserver import context as _context
 from harness.serving.instances import ServerProcess
@@ -109,3 +110,16 @@ def test_a_server_forked_as_its_command_line_leads_its_group_and_stops_with_it(t
     with web(dict(server_env(), CUDA_VISIBLE_DEVICES="")) as server:
         server.wait_healthy(60)
         assert isinstance(server.proc, subprocess.Popen)
+
+
+def test_each_engine_warms_up_on_prompts_of_its_own():
+    """vLLM's ExampleConnector stores and loads any prompt by its whole blocks' tokens: engines
+    started side by side (pids close together) must not warm up on one prompt, or the decode
+    engine loads the files its prefill engine is still writing."""
+    prompts = {pid: own_warmup_prompts(pid, 103) for pid in range(4000, 4200)}
+    assert all([len(p) for p in ps] == [3, 40, 100] for ps in prompts.values())
+    assert all(3 <= t < 100 for ps in prompts.values() for p in ps for t in p)
+    first_blocks = [tuple(p[:16]) for ps in prompts.values() for p in ps if len(p) > 16]
+    assert len(set(first_blocks)) == len(first_blocks)
+    assert own_warmup_prompts(4000, 103) == prompts[4000]  # seeded: a rerun warms up as this one did
+    assert [len(p) for p in own_warmup_prompts(1, 64)] == [3, 40]  # within the engine's context
