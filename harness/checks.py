@@ -178,10 +178,6 @@ def check_parallelism(cfg: DictConfig) -> None:
         if not isinstance(tp, int) or tp < 1:
             raise ConfigError(f"tensor_parallel_size on the {role} engine must be an integer >= 1, got {tp!r}")
         problem = degree_problem(tp, heads) if heads else None
-        if tp > 1 and role == "decode" and geometry and geometry.kind == "latent":
-            problem = (f"tensor_parallel_size={tp}: every decode worker holds an MLA model's whole latent, which "
-                       f"would cross to each of them; moving it once into a decode engine of several workers is not "
-                       f"built yet (a prefill engine of several workers sends it once, from its first)")
         if problem:
             raise ConfigError(f"{role} engine: {problem} (model {cfg.model.name})")
         degrees[role] = tp

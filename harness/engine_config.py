@@ -184,10 +184,12 @@ def link_ceiling(cfg: DictConfig) -> float | str | None:
 
 
 def channel_files(rendezvous: Path, p: int, d: int) -> list[Path]:
-    """The rendezvous files of a p -> d run's channels (tp.Placement.rendezvous; a superset)."""
+    """The rendezvous files of a p -> d run's channels (tp.Placement.rendezvous and
+    relay_rendezvous: MLA's relay between decode workers; a superset)."""
     if p == d == 1:
         return [rendezvous]
-    return [Path(f"{rendezvous}.p{r}d{q}") for r in range(p) for q in range(d)]
+    return ([Path(f"{rendezvous}.p{r}d{q}") for r in range(p) for q in range(d)]
+            + [Path(f"{rendezvous}.relay{q}") for q in range(1, d)])
 
 
 def free_port() -> int:

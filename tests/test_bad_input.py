@@ -213,9 +213,8 @@ def test_bad_input_is_judged_before_vllm_is_imported(tmp_path):
     assert "harness.offline.run" in imported and not [m for m in imported if m == "vllm" or m.startswith("vllm.")]
 
 
-def test_an_mla_model_on_the_cpu_takes_blocks_of_16_and_one_decode_worker(tmp_path):
-    """vLLM 0.32's CPU MLA kernel takes blocks of 16 only (the default is 32); this project's
-    strategies do not move an MLA latent once into a decode engine of several workers yet."""
+def test_an_mla_model_on_the_cpu_takes_blocks_of_16(tmp_path):
+    """vLLM 0.32's CPU MLA kernel takes blocks of 16 only (the default is 32)."""
     model = tmp_path / "mla"
     model.mkdir()
     for f in ("tokenizer.json", "tokenizer_config.json"):
@@ -225,8 +224,5 @@ def test_an_mla_model_on_the_cpu_takes_blocks_of_16_and_one_decode_worker(tmp_pa
         "num_attention_heads": 4, "num_key_value_heads": 4, "hidden_size": 256, "kv_lora_rank": 512,
         "qk_rope_head_dim": 64}))
     mla = ["model=hf", f"model.path={model}", "model.load_format=dummy", "model.dtype=float32"]
-    assert_bad_input(refused_in_process(tmp_path / "r", *mla), "engine.block_size=32",
-                     "CPU MLA attention takes blocks of 16", "engine.block_size=16")
-    assert_bad_input(refused_in_process(tmp_path / "s", *mla, "engine.block_size=16",
-                                        "engines.decode={tensor_parallel_size:2}"),
-                     "decode engine: tensor_parallel_size=2", "MLA model's whole latent")
+    assert_bad_input(refused_in_process(tmp_path / "r", *mla, "engines.decode={tensor_parallel_size:2}"),
+                     "engine.block_size=32", "CPU MLA attention takes blocks of 16", "engine.block_size=16")

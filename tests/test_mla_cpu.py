@@ -76,6 +76,34 @@ def test_a_tp2_prefill_engine_sends_the_latent_once(strategy, results_dir, tmp_p
         assert all(r["bytes"] == r["blocks"] * BLOCK * LATENT * LAYERS * 4 for r in rows)
 
 
+# make test: fused once (the relay is the new thing); the others in test-full
+@pytest.mark.parametrize("strategy", cells(["fused", "per_request_blocks", "full_cache", "layerwise", "chunkwise",
+                                            "fused_int8"], {"fused"}))
+def test_a_tp2_decode_engine_takes_the_latent_once_and_relays_it(strategy, results_dir, tmp_path):
+    # every decode worker needs the whole latent: worker 0 takes it over the link and relays it to worker 1
+    prompts = write_token_prompts(tmp_path / "p.jsonl", edge_prompts(BLOCK)[:5])
+    run = run_harness(results_dir / f"mla-tp1to2-{strategy}", "model=tiny_mla", f"strategy={strategy}",
+                      "engines.decode={tensor_parallel_size:2}", "workload=jsonl", f"workload.path={prompts}",
+                      "sampling.max_tokens=8")
+    assert run.code == 0, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "ok" and s["digest_failures"] == 0 and s["digest_checked"] >= 4
+    assert strategy == "fused_int8" or s["match_rate"] == 1.0
+    (sent,) = worker_records(run, "send", 1)
+    first, second = worker_records(run, "receive", 2)
+    assert len(sent) == len(first) == len(second) == 5
+    took = {r["transfer_id"]: r for r in first}
+    for r in second:  # nothing over the link; worker 0's bytes, relayed
+        mine = took[r["transfer_id"]]
+        assert (r["bytes"], r["messages"], r["relayed_bytes"]) == (0, 0, mine["bytes"])
+        assert mine["relayed_bytes"] is None and not r["error"]
+        if r["digests"] is not None:
+            assert r["digests"] == mine["digests"]
+    assert sum(r["relayed_bytes"] > 0 for r in second) >= 4  # the edge prompts: one has no whole block to send
+    rows = run.jsonl("requests.jsonl")
+    assert sorted(r["bytes"] for r in rows) == sorted(r["bytes"] for r in sent)  # what crossed, once per request
+
+
 @pytest.mark.full
 def test_a_corrupted_latent_is_caught(results_dir, tmp_path):
     prompts = write_token_prompts(tmp_path / "p.jsonl", edge_prompts(BLOCK)[:5])

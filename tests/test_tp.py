@@ -16,7 +16,7 @@ from transfer_strategies.digests import BlockDigests
 from transfer_strategies.head_shards import HeadJoinReceiver, ShardedSender, open_sharded, use_codec
 from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.records import TransferRecord
-from transfer_strategies.tp import Placement, degree_problem, heads_of, shares
+from transfer_strategies.tp import Placement, Share, degree_problem, heads_of, shares
 from transfer_strategies.transport import open_channel, remove_leftovers
 from transfer_strategies.transport.fan_out import FanOut
 
@@ -121,6 +121,31 @@ def test_digests_agree_per_channel_even_where_prefill_replicas_differ():
     latent = [rec("send", 0, {"all": ["l0"]}), rec("send", 1, {"all": ["l1"]})]
     assert digests_agree(latent, [rec("receive", 0, {"all": ["l0"]})], 2, 1)
     assert not digests_agree(latent, [rec("receive", 0, {"all": ["l1"]})], 2, 1)
+    # into a TP-2 decode engine: decode worker 0 relayed it to worker 1 (relay.py), which must hold prefill
+    # worker 0's copy too, at equal degrees as well (prefill worker 1's own copy crossed nowhere)
+    relayed = rec("receive", 1, {"all": ["l0"]})
+    relayed.relayed_bytes = 64
+    assert digests_agree(latent[:1], [rec("receive", 0, {"all": ["l0"]}), relayed], 1, 2)
+    assert digests_agree(latent, [rec("receive", 0, {"all": ["l0"]}), relayed], 2, 2)
+    wrong = rec("receive", 1, {"all": ["l1"]})
+    wrong.relayed_bytes = 64
+    assert not digests_agree(latent, [rec("receive", 0, {"all": ["l0"]}), wrong], 2, 2)
+    assert not digests_agree(latent[:1], [rec("receive", 0, {"all": ["l0"]})], 1, 2)  # a worker's record missing
+
+
+def test_one_head_held_whole_crosses_once_and_decode_worker_0_relays_it():
+    """MLA's latent (vLLM counts one KV head, every worker holds it whole): prefill worker 0 to
+    decode worker 0 whatever the degrees; the other decode workers take it from worker 0."""
+    for p, d in ((1, 1), (2, 1), (1, 2), (2, 2), (4, 2)):
+        assert shares(p, d, 1) == [Share(0, 0, range(0, 1))]
+        assert [Placement(q, p, d, 1, is_producer=False).relays for q in range(d)] == [d > 1] * d
+        assert not any(Placement(r, p, d, 1, is_producer=True).relays for r in range(p))
+    assert Placement(1, 2, 2, 1, is_producer=True).my_shares() == []  # sends nothing (SendSide.silent)
+    assert Placement(1, 1, 2, 1, is_producer=False).my_shares() == []  # its channel is the relay's
+    assert not Placement(0, 1, 2, 2, is_producer=False).relays  # two heads: each decode worker its own
+    place = Placement(0, 1, 4, 1, is_producer=False)
+    assert place.relay_rendezvous("/run/kv", 3) == "/run/kv.relay3"
+    assert place.relay_rendezvous("tcp://10.0.0.2:7100", 1).endswith("kv-relay-7100.d1")  # a file on this host
 
 
 def test_a_lossy_transfer_between_degrees_is_judged_part_by_part():

@@ -95,8 +95,12 @@ class TransferRecorder:
         sent_at = msgs[0].meta.get("t0", t_start) if msgs else t_start
         delivered = max((m.delivered for m in msgs), default=t_start)
         arrived = max((m.arrived for m in msgs), default=t_start)
-        wire = [m.meta.get("wire", (1, m.payload.numel())) for m in msgs]  # joined messages (head_shards.py): parts
+        # joined messages (head_shards.py): their parts; relayed ones (relay.py): nothing crossed to this worker
+        wire = [m.meta.get("wire", (1, m.payload.numel())) for m in msgs]
         req.progress.messages, req.progress.bytes = sum(n for n, _ in wire), sum(b for _, b in wire)
+        relayed = [m.meta["relayed"] for m in msgs if "relayed" in m.meta]
+        if relayed:
+            times["relayed_bytes"] = sum(relayed)
         self.record(req, "receive",
                     transfer_ms=(delivered - sent_at) * 1e3,  # sender starts gathering -> last byte in our memory
                     notify_ms=(arrived - delivered) * 1e3,  # -> this worker has been told (doorbell latency)

@@ -25,7 +25,7 @@ from pathlib import Path
 # The version of what the connectors write (TransferRecord, ComputeRecord), in each record's
 # schema_version. Up to 16 it also versioned the harness's own rows, which have their own since
 # (harness/records/schema.py); results/README.md says what each version means.
-RECORD_VERSION = 16
+RECORD_VERSION = 17
 UNVERSIONED = 1  # what a row without schema_version is
 
 
@@ -97,6 +97,10 @@ class TransferRecord(JsonRecord):
     # send, a strategy streaming from inside the forward pass (layerwise; None elsewhere, from version
     # 13): the host time its per-layer hooks spent on this request, summed over layers
     hook_ms: float | None = None
+    # receive, a decode engine of several workers each holding one head whole (MLA's latent; from
+    # version 17, None elsewhere): the bytes this worker took from decode worker 0's relay, which
+    # did not cross the link (its `bytes` and `messages` are 0: relay.py)
+    relayed_bytes: int | None = None
     schema_version: int = RECORD_VERSION
 
 

@@ -15,12 +15,16 @@ sends one decode worker: a consecutive range of global heads. Both sides compute
 shares from (p, d, n), so a channel's two ends agree without asking.
 
 MLA's latent is one "head" here (base.engine_placement: vLLM counts 1), which every worker holds
-whole: from p prefill workers to one decode worker the first sends it and the others send nothing.
+whole: it crosses once, whatever the degrees. Prefill worker 0 sends it to decode worker 0 and the
+other prefill workers send nothing; decode worker 0 relays each message to the engine's other
+workers as it arrives (relay.py), over channels of their own on its host.
 """
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from transfer_strategies.transport.rendezvous import SCHEME, address
 
@@ -52,7 +56,11 @@ class Share:
 
 
 def shares(p: int, d: int, n_heads: int) -> list[Share]:
-    """Every (prefill worker, decode worker, heads) of a p -> d transfer, by decode rank then head."""
+    """Every (prefill worker, decode worker, heads) of a p -> d transfer, by decode rank then head.
+    One head (MLA's latent), held whole by every worker: one share, the other decode workers
+    take it from decode worker 0 (Placement.relays)."""
+    if n_heads == 1:
+        return [Share(0, 0, range(0, 1))]
     out: list[Share] = []
     for q in range(d):
         for h in heads_of(q, d, n_heads):
@@ -90,6 +98,12 @@ class Placement:
         return self.n_heads == 1
 
     @property
+    def relays(self) -> bool:
+        """A decode worker of an engine of several, each holding the one head whole: worker 0
+        takes it over the link and relays it to the others (relay.py)."""
+        return self.one_head and not self.is_producer and self.decode_tp > 1
+
+    @property
     def single(self) -> bool:
         """One worker on each side: the layout every strategy had before TP."""
         return self.prefill_tp == 1 and self.decode_tp == 1
@@ -116,3 +130,11 @@ class Placement:
         if fixed is not None:  # an address: a port per channel, counted up from the one given
             return f"{SCHEME}{fixed[0]}:{fixed[1] + share.prefill_rank * self.decode_tp + share.decode_rank}"
         return f"{base}.p{share.prefill_rank}d{share.decode_rank}"
+
+    def relay_rendezvous(self, base: str, decode_rank: int) -> str:
+        """The rendezvous file of decode worker 0's relay to decode worker `decode_rank` (a file
+        on this host even where the link's is an address: both workers are here)."""
+        fixed = address(base)
+        if fixed is not None:
+            return str(Path(tempfile.gettempdir()) / f"kv-relay-{fixed[1]}.d{decode_rank}")
+        return f"{base}.relay{decode_rank}"

@@ -27,6 +27,7 @@ from transfer_strategies.kv_blocks import KVBlocks
 from transfer_strategies.receive_side import ReceiveSide
 from transfer_strategies.recorder import TransferRecorder
 from transfer_strategies.records import RecordWriters, rank_path
+from transfer_strategies.relay import Relay, open_relay, open_relayed
 from transfer_strategies.send_side import SendSide
 from transfer_strategies.tp import Placement, Share
 from transfer_strategies.transport import open_channel
@@ -51,6 +52,7 @@ class TransferWorker:
         self.recorder: TransferRecorder | None = None  # attach
         self.send_side: SendSide | None = None  # register, prefill
         self.receive_side: ReceiveSide | None = None  # register, decode
+        self.relay: Relay | None = None  # register, decode worker 0 of an MLA engine of several (relay.py)
 
     def register(self, kv_caches: dict[str, torch.Tensor], num_blocks: int, block_size: int,
                  place: Placement | None = None) -> None:
@@ -66,11 +68,18 @@ class TransferWorker:
             # rendezvous: a list on a decode worker fed by several prefill workers (serving mode)
             self.channel = open_channel(role, rendezvous=h.rendezvous, **opening,
                                         on_open=lambda channel: self._exchange_layout(channel, layout))
+        elif place.relays and place.rank > 0:  # the latent comes from decode worker 0 (relay.py)
+            self.channel = open_relayed(place, h.rendezvous, opening,
+                                        on_open=lambda channel: self._exchange_layout(channel, layout))
         else:
             # each channel's handshake in the order they open (per instance)
             shares = itertools.cycle(place.my_shares())
             self.channel = open_sharded(place, self.kv, h.rendezvous, opening,
                                         on_open=lambda channel: self._exchange_layout(channel, layout, next(shares)))
+            if place.relays:  # decode worker 0: what arrives goes on to the engine's other workers
+                self.relay = open_relay(place, h.rendezvous, opening,
+                                        on_open=lambda channel: self._exchange_layout(channel, layout, sending=True))
+                self.channel.inbox.forward = self.relay.forward
         if self.is_producer:
             self.send_side = SendSide(self.kv, self.channel, self.recorder, h.checksums, h.timeout_s)
         else:
@@ -94,16 +103,19 @@ class TransferWorker:
                                          RecordWriters(self.harness.stats_path, lambda path: rank_path(path, rank)),
                                          self.tally)
 
-    def _exchange_layout(self, channel, mine: dict, share: Share | None = None) -> None:
+    def _exchange_layout(self, channel, mine: dict, share: Share | None = None, sending: bool | None = None) -> None:
         """Both engines must agree on layers, per-block shape, dtype and block size (not on
         num_blocks) before the first request; under tensor parallelism each channel's two
-        workers on their ranks and degrees too, and the block shape may differ in its head count."""
+        workers on their ranks and degrees too, and the block shape may differ in its head count.
+        sending: this worker sends its layout (default: a prefill worker; decode worker 0 on
+        its relay channels, relay.py)."""
         place = self.place
+        sending = self.is_producer if sending is None else sending
         if place is not None and not place.single:
             mine = dict(mine, prefill_tp=place.prefill_tp, decode_tp=place.decode_tp)
             if self.is_producer:
                 mine["prefill_rank"] = place.rank
-        if self.is_producer:
+        if sending:
             channel.send(LAYOUT_ID, 0, 1, torch.empty(0, dtype=torch.uint8), layout=mine)
             return
         theirs = dict(channel.wait(LAYOUT_ID)[0].meta["layout"])
@@ -129,10 +141,15 @@ class TransferWorker:
             return {}
         if self.is_producer:
             return {"staging_regions": self.channel.held()}
-        return {"transfers": self.channel.inbox.held(), "parked": self.receive_side.parking.count()}
+        held = {"transfers": self.channel.inbox.held(), "parked": self.receive_side.parking.count()}
+        if self.relay is not None:
+            held["relay_regions"] = self.relay.held()
+        return held
 
     def close(self) -> None:
         if self.recorder is not None:
             self.recorder.flush()
+        if self.relay is not None:
+            self.relay.close()
         if self.channel is not None:
             self.channel.close()

@@ -74,22 +74,27 @@ def digests_agree(sent: list[TransferRecord], received: list[TransferRecord], p:
     if skip >= max(r.blocks for r in received):
         return None
     lossy = any(r.codec for r in sent + received)
-    if lossy and p == d:
-        payloads = {r.rank or 0: r.payload_digest for r in sent}
-        if any(r.payload_digest is None or r.payload_digest != payloads.get(r.rank or 0) for r in received):
-            return False
     sends = {r.rank or 0: {h: ds[skip:] for h, ds in r.digests.items()} for r in sent}
     receives = {r.rank or 0: r.digests for r in received}
     if set(sends) != set(range(p)) or set(receives) != set(range(d)):
         return False
-    if p == d:  # worker r to worker r, whatever the digests' keys ("all" where heads are unknown)
-        return all(sends[r] == receives[r] for r in range(p))
     from transfer_strategies.tp import heads_of, shares  # here: the results loader reads records without torch
 
-    if {h for digests in receives.values() for h in digests} == {"all"}:
-        # no heads (MLA's latent, which vLLM counts as one KV head): every worker holds it whole, and each
-        # decode worker must hold its sender's copy (tp.shares: the first prefill worker's)
-        pairs = [(s.prefill_rank, s.decode_rank, ["all"]) for s in shares(p, d, 1)]
+    # one head held whole by every worker (MLA's latent, which vLLM counts as one KV head; digests
+    # "all": no heads to cut): each decode worker must hold prefill worker 0's copy, which crossed
+    # to decode worker 0 and was relayed from there to the others (tp.py)
+    keys = {h for digests in receives.values() for h in digests}
+    relayed = any(r.relayed_bytes is not None for r in received)
+    if relayed or (keys == {"all"} and p != d):
+        if any(receives[q].keys() != sends[0].keys() for q in range(d)):
+            return False
+        pairs = [(0, q, list(sends[0])) for q in range(d)]
+    elif p == d:  # worker r to worker r, whatever the digests' keys ("all" where heads are unknown)
+        if lossy:
+            payloads = {r.rank or 0: r.payload_digest for r in sent}
+            if any(r.payload_digest is None or r.payload_digest != payloads.get(r.rank or 0) for r in received):
+                return False
+        return all(sends[r] == receives[r] for r in range(p))
     else:
         n_heads = len({h for digests in sends.values() for h in digests})
         if not all(receives[q].keys() == {str(h) for h in heads_of(q, d, n_heads)} for q in range(d)):

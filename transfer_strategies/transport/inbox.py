@@ -44,8 +44,13 @@ class Inbox:
         self._error: BaseException | None = None
         self._puts = 0  # messages put so far
         self._on_complete: dict[str, Callable[[list[Message]], None]] = {}  # see when_complete
+        # each message on to other workers before it is parked (relay.py: once parked, the decode
+        # worker may take it and release its staging space to the next payload)
+        self.forward: Callable[[Message], None] | None = None
 
     def put(self, msg: Message, region: int | None = None) -> None:
+        if self.forward is not None:
+            self.forward(msg)
         done = None
         with self._cond:
             transfer = self._transfers.setdefault(msg.transfer_id, _Transfer())
