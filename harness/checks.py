@@ -238,30 +238,6 @@ def check_placement(cfg: DictConfig) -> None:
                               f"({e.strerror}); give an address of this machine") from None
 
 
-def check_block_size(block_size: int, device: str, mla: bool = False) -> None:
-    """vLLM's attention backends declare the block sizes their kernels take; an engine given
-    another one fails at start-up. On CPU the CPU attention backend says (a multiple of 32 in
-    vLLM 0.32, of 16 in 0.26; its MLA backend 16 only); on CUDA FlashAttention, FlexAttention and
-    Triton attention (what vLLM picks for these models on NVIDIA GPUs) take multiples of 16 in
-    0.26 through 0.32."""
-    if device == "cpu":
-        if mla:
-            from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend as backend
-        else:
-            from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend as backend
-
-        if backend.supports_block_size(block_size):
-            return
-        takes = [getattr(s, "base", s) for s in backend.get_supported_kernel_block_sizes()]
-        nearest = takes[0] if mla else -(-block_size // takes[0]) * takes[0]
-        what = "MLA attention takes blocks of" if mla else "attention takes multiples of"
-        raise ConfigError(f"engine.block_size={block_size}: vLLM's CPU {what} "
-                          f"{' or '.join(map(str, takes))}, e.g. engine.block_size={nearest}")
-    if block_size % 16:
-        raise ConfigError(f"engine.block_size={block_size}: vLLM's attention on CUDA takes multiples of 16, "
-                          f"e.g. engine.block_size={-(-block_size // 16) * 16}")
-
-
 def check_weights(model: DictConfig) -> None:
     """A local model directory that is to be loaded (not dummy weights) holds weight files: a model
     whose weights are made, not committed (models/llama3-8b-kv), says so before any engine starts."""
@@ -343,18 +319,6 @@ def check_transport(cfg: DictConfig, device: str) -> None:
                           f"leave it null")
 
 
-def check_equal_degrees(cfg: DictConfig, connector: type | None, mla: bool = False) -> None:
-    """chunkwise's earlier messages do not carry the count a decode worker joining several prefill
-    workers needs: it needs equal tensor-parallel degrees (an MLA latent comes whole from one)."""
-    if not getattr(connector, "needs_equal_tp", False) or mla:
-        return
-    why = "sends messages whose count is known only at the last one"
-    p, d = tp_degree(cfg, "prefill"), tp_degree(cfg, "decode")
-    if p != d:
-        raise ConfigError(f"strategy {cfg.strategy.name!r} {why}, so the prefill and decode engines need equal "
-                          f"tensor_parallel_size (got {p} and {d})")
-
-
 def checked_inputs(cfg: DictConfig) -> tuple[Settings, Workload]:
     """The run's settings and workload, once everything about the config, the model and the prompts
     that can be known before any engine starts has been checked."""
@@ -373,9 +337,9 @@ def checked_inputs(cfg: DictConfig) -> tuple[Settings, Workload]:
         connector = load_connector(cfg.strategy)
         check_strategy_params(cfg.strategy, connector)
         settings = settle(cfg, device)
-        mla = settings.kv_geometry is not None and settings.kv_geometry.kind == "latent"
-        check_equal_degrees(cfg, connector, mla)
-        check_block_size(cfg.engine.block_size, device, mla)
+        from harness.geometry_checks import check_geometry  # it builds on this module's checks
+
+        check_geometry(cfg, connector, settings)
     except MissingMandatoryValue as e:
         raise ConfigError(f"{e.full_key} has no value (??? in conf/): give it on the command line, "
                           f"{e.full_key}=...") from None

@@ -49,6 +49,10 @@ def engine_args(s: Settings, role: str | None = None) -> dict:
     if device == "cuda":
         args["gpu_memory_utilization"] = e.gpu_memory_utilization
     args.update(s.overrides[role] if role else engine_overrides(cfg, None))
+    if s.kv_geometry and s.kv_geometry.state_layers:
+        # a recurrent state is kept per request, one block of its group, only without prefix caching
+        # (with it vLLM keeps states at block boundaries): what transfer_strategies/kv_groups.py moves
+        args["enable_prefix_caching"] = False
     if device == "cpu" and s.kv_geometry and s.kv_geometry.kind == "latent":
         # vLLM 0.32's CPU rotary kernel rotates MLA's query, (tokens, heads, 64), wrongly with more
         # than one head; its PyTorch rotary is right (docs/strategies.md, KV geometries)

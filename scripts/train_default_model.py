@@ -150,6 +150,21 @@ PRESETS: dict[str, dict] = {
         "steps": 2000, "batch_size": 4, "lr": 1.5e-3, "warmup": 50, "stop_loss": 0.5,
         "mla": {"kv_lora_rank": 512, "qk_rope_head_dim": 64},
     },
+    # tiny's geometry on Qwen3-Next's hybrid layout (models/tiny-hybrid): three Gated DeltaNet
+    # (linear attention) layers, each carrying a fixed-size recurrent state per request, then one
+    # full-attention layer (2 KV heads of 64), as Qwen3-Next alternates them. vLLM's Qwen3-Next
+    # wants at least one MoE layer: the attention layer's MLP is 4 experts (2 per token) and a
+    # shared one, the others dense. vLLM 0.32's CPU GDN kernel takes bf16 only: saved and run in
+    # bf16, trained in float32.
+    "tiny_hybrid": {
+        "layers": 4, "hidden": 256, "heads": 4, "kv_heads": 2, "head_dim": 64, "intermediate": 704,
+        "max_positions": 4096, "dtype": "bfloat16", "tokenizer_from": "models/tiny-llama",
+        "steps": 2000, "batch_size": 4, "lr": 1.5e-3, "warmup": 50, "stop_loss": 0.5,
+        "hybrid": {"linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 64,
+                   "linear_value_head_dim": 64, "linear_conv_kernel_dim": 4, "full_attention_every": 4,
+                   "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 256,
+                   "shared_expert_intermediate_size": 256},
+    },
 }
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"]
 
@@ -175,6 +190,16 @@ def model_config(vocab_size: int, bos_id: int, eos_id: int, pad_id: int, geo: di
         "pad_token_id": pad_id,
         "torch_dtype": g["dtype"],
     }
+    if g.get("hybrid"):
+        from transformers import Qwen3NextConfig
+
+        h = dict(g["hybrid"])
+        every = h.pop("full_attention_every")
+        types = ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(g["layers"])]
+        common.pop("attention_bias")
+        return Qwen3NextConfig(**common, **h, head_dim=g["head_dim"], layer_types=types,
+                               mlp_only_layers=[i for i, t in enumerate(types) if t != "full_attention"],
+                               decoder_sparse_step=1)
     if not g.get("mla"):
         return LlamaConfig(**common, head_dim=g["head_dim"], rope_theta=10000.0, mlp_bias=False)
     # DeepSeek-V3 (multi-head latent attention) with every layer a dense MLP: the MoE settings are
@@ -293,6 +318,8 @@ def main() -> int:
     if geo["heads"] % geo["kv_heads"]:
         ap.error(f"--heads {geo['heads']} is not a multiple of --kv-heads {geo['kv_heads']}")
     mla = preset.get("mla")
+    if preset.get("hybrid"):
+        geo["hybrid"] = preset["hybrid"]
     if mla:
         geo["mla"] = mla
         if geo["kv_heads"] != geo["heads"]:
@@ -307,7 +334,7 @@ def main() -> int:
     if args.device == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
     import torch
-    from transformers import DeepseekV3ForCausalLM, GenerationConfig, LlamaForCausalLM
+    from transformers import DeepseekV3ForCausalLM, GenerationConfig, LlamaForCausalLM, Qwen3NextForCausalLM
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -343,7 +370,7 @@ def main() -> int:
     # ---- model -----------------------------------------------------------
     cfg = model_config(vocab, bos_id, eos_id, pad_id, geo)
     # initialised on CPU: the same weights whatever the device
-    model = (DeepseekV3ForCausalLM if mla else LlamaForCausalLM)(cfg)
+    model = (DeepseekV3ForCausalLM if mla else Qwen3NextForCausalLM if geo.get("hybrid") else LlamaForCausalLM)(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f} M parameters", flush=True)
     model.to(device)
@@ -355,6 +382,13 @@ def main() -> int:
               f"{mla['qk_rope_head_dim']}, v {geo['head_dim']}), latent {mla['kv_lora_rank']} + rope "
               f"{mla['qk_rope_head_dim']}, MLP {geo['intermediate']}, {kv_bytes} B of float32 "
               f"KV per token; device {args.device}, training in {args.train_dtype}", flush=True)
+    elif geo.get("hybrid"):  # KV of the full-attention layers only; the others carry a recurrent state
+        attn_layers = geo["layers"] // geo["hybrid"]["full_attention_every"]
+        kv_bytes = 2 * attn_layers * geo["kv_heads"] * geo["head_dim"] * 2  # bf16, as the harness runs it
+        print(f"preset {args.preset}: Qwen3-Next hybrid, {geo['layers'] - attn_layers} Gated DeltaNet layers and "
+              f"{attn_layers} full-attention layer(s) ({geo['kv_heads']} KV heads of {geo['head_dim']}), hidden "
+              f"{geo['hidden']}, {kv_bytes} B of bf16 KV per token; device {args.device}, training in "
+              f"{args.train_dtype}", flush=True)
     else:
         kv_bytes = 2 * geo["layers"] * geo["kv_heads"] * geo["head_dim"] * torch.finfo(
             getattr(torch, geo["dtype"])).bits // 8
@@ -421,7 +455,7 @@ def main() -> int:
     print(f"eval loss (32 fixed corpus windows, {geo['dtype']} weights): {eval_loss:.4f}", flush=True)
 
     # ---- save ----------------------------------------------------------------
-    if mla:
+    if mla or geo.get("hybrid"):
         untie_lm_head(model)
     model.save_pretrained(str(out), safe_serialization=True)
     GenerationConfig(bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
@@ -442,6 +476,7 @@ def main() -> int:
         "kv_heads": geo["kv_heads"],
         "head_dim": geo["head_dim"],
         **({"architecture": "DeepseekV3ForCausalLM", **mla} if mla else {}),
+        **({"architecture": "Qwen3NextForCausalLM", **geo["hybrid"]} if geo.get("hybrid") else {}),
         "intermediate": geo["intermediate"],
         "max_positions": geo["max_positions"],
         "kv_bytes_per_token": kv_bytes,
@@ -471,7 +506,7 @@ def main() -> int:
     }
     add_compat_keys(out)
     (out / "training_info.json").write_text(json.dumps(info, indent=2) + "\n")
-    if args.preset in ("tiny", "tiny_mla"):
+    if args.preset in ("tiny", "tiny_mla", "tiny_hybrid"):
         write_card(out, info)
     else:
         write_results(out, info)
@@ -513,6 +548,9 @@ def write_card(out: Path, info: dict) -> None:
     if mla:
         card.write_text(mla_card(info, check))
         return
+    if info.get("architecture") == "Qwen3NextForCausalLM":
+        card.write_text(hybrid_card(info))
+        return
     text = f"""# tiny-llama: the project's default model
 
 A small Llama-architecture causal LM (`LlamaForCausalLM`, 4 layers, hidden 256,
@@ -552,6 +590,44 @@ CPU may change the last bits of the weights.
 {check}
 """
     card.write_text(text)
+
+
+def hybrid_card(info: dict) -> str:
+    """The card of models/tiny-hybrid (preset tiny_hybrid)."""
+    every = info["full_attention_every"]
+    attn = info["layers"] // every
+    stopped = (f", stopped by train loss (EMA) < {info['stop_loss']} of {info['steps_planned']} planned"
+               if info["steps"] < info["steps_planned"] else "")
+    return f"""# tiny-hybrid: the default model's recipe on Qwen3-Next's hybrid layers
+
+A small Qwen3-Next-architecture causal LM (`Qwen3NextForCausalLM`) with {info['layers']} layers:
+{info['layers'] - attn} Gated DeltaNet (linear attention) layers and every {every}th a full-attention layer, as
+Qwen3-Next alternates them. A Gated DeltaNet layer keeps no KV per token: each request carries a
+fixed-size recurrent state (a convolution window and a {info['linear_num_value_heads']} x {info['linear_key_head_dim']} x
+{info['linear_value_head_dim']} state matrix per layer) however long its prompt; the full-attention layer
+keeps K and V of {info['kv_heads']} heads of {info['head_dim']} per token ({info['kv_bytes_per_token']} B/token in bf16). Hidden
+{info['hidden']}, {info['heads']} query heads, dense MLP {info['intermediate']} in the linear layers; the attention layer's
+MLP is {info['num_experts']} experts ({info['num_experts_per_tok']} per token) and a shared one, because vLLM's Qwen3-Next
+wants at least one MoE layer. {info['parameters'] / 1e6:.2f} M parameters, {info['dtype']} safetensors (trained in
+float32; vLLM 0.32's CPU Gated DeltaNet kernel takes bf16 only, so the harness runs it in bf16,
+conf/model/tiny_hybrid.yaml). The tokenizer is `models/tiny-llama`'s (copied), so the token ids
+are the default model's. It memorises the corpus as tiny-llama does.
+
+Made with:
+
+    python scripts/train_default_model.py --preset tiny_hybrid --out models/tiny-hybrid --seed {info['seed']}
+
+| | |
+| --- | --- |
+| corpus sha256 | `{info['corpus_sha256']}` |
+| steps x batch x seq len | {info['steps']} x {info['batch_size']} x {info['seq_len']} (+ `<s>`){stopped} |
+| optimiser | AdamW, lr {info['lr']}, warmup {info['warmup']}, cosine to {info['min_lr_ratio']} x lr |
+| seed, threads | {info['seed']}, {info['threads']} |
+| final train loss (EMA) / eval loss | {info['final_ema_loss']} / {info['eval_loss']} (bf16 weights) |
+| training time | {info['train_seconds']} s (torch {info['torch']}, {info['threads']} CPU threads; transformers' PyTorch Gated DeltaNet) |
+
+`training_info.json` holds the same numbers.
+"""
 
 
 def mla_card(info: dict, check: str) -> str:

@@ -213,6 +213,18 @@ def test_bad_input_is_judged_before_vllm_is_imported(tmp_path):
     assert "harness.offline.run" in imported and not [m for m in imported if m == "vllm" or m.startswith("vllm.")]
 
 
+def test_a_hybrid_model_takes_strategies_that_move_its_pages_whole(tmp_path):
+    """models/tiny-hybrid (Gated DeltaNet layers beside attention): a strategy that streams by
+    layer or chunk, or compresses, and tensor parallelism are refused (transfer_strategies/kv_groups.py)."""
+    hybrid = ["model=tiny_hybrid"]
+    assert_bad_input(refused_in_process(tmp_path / "l", *hybrid, "strategy=layerwise"),
+                     "strategy 'layerwise' streams", "use strategy=fused")
+    assert_bad_input(refused_in_process(tmp_path / "c", *hybrid, "strategy=fused_int8"),
+                     "strategy 'fused_int8' compresses", "(hybrid)")
+    assert_bad_input(refused_in_process(tmp_path / "t", *hybrid, "engines.decode={tensor_parallel_size:2}"),
+                     "tensor parallelism is not built", "tensor_parallel_size=1")
+
+
 def test_an_mla_model_on_the_cpu_takes_blocks_of_16(tmp_path):
     """vLLM 0.32's CPU MLA kernel takes blocks of 16 only (the default is 32)."""
     model = tmp_path / "mla"

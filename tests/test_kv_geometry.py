@@ -37,9 +37,14 @@ def test_a_hybrid_models_linear_attention_layers_hold_no_kv_per_token(tmp_path):
         "num_key_value_heads": 2, "head_dim": 64, "hidden_size": 256,
         "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"]}))
     g = kv_geometry(str(tmp_path), "bfloat16")
-    assert (g.layers, g.state_layers, g.bytes_per_token) == (1, 3, 2 * 2 * 64 * 2)
+    assert (g.layers, g.state_layers, g.bytes_per_token, g.state_bytes) == (1, 3, 2 * 2 * 64 * 2, None)
     assert g.describe() == ("1 layers x K,V x 2 heads x 64 (+ 3 layers of recurrent state per request), "
                             "512 B/token (bfloat16)")
+    # models/tiny-hybrid: vLLM 0.32 holds each Gated DeltaNet layer's state as a (3, 512) bf16 window
+    # and a (4, 64, 64) float32 matrix (its MambaSpec's shapes): 68608 B
+    h = kv_geometry(str(ROOT / "models" / "tiny-hybrid"), "bfloat16")
+    assert (h.layers, h.state_layers, h.bytes_per_token, h.state_bytes) == (1, 3, 512, 3 * 68608)
+    assert h.describe().endswith("(+ 3 layers of recurrent state per request, 205824 B), 512 B/token (bfloat16)")
 
 
 @pytest.mark.parametrize("config", [None, {"architectures": ["Odd"]}])

@@ -5,6 +5,9 @@ prefix-cache hits."""
 import time
 from types import SimpleNamespace as NS
 
+import torch
+
+from transfer_strategies.kv_groups import KVGroups, page_pools
 from transfer_strategies.scheduler import RequestTracker
 
 BLOCK = 4
@@ -226,3 +229,46 @@ def test_a_decode_request_preempted_after_its_kv_came_loads_nothing_again():
     t.finished(r)
     (rec,) = records
     assert (rec.preemptions, rec.loaded_tokens, rec.computed_tokens, rec.recomputed_tokens) == (1, 9, 7, 6)
+
+
+def test_a_hybrid_prefill_computes_all_but_the_last_token_and_sends_its_pages_group_by_group():
+    """Qwen3-Next's groups as vLLM's hybrid allocator keeps them (kv_groups.py): two of recurrent
+    state (a block each per request), one of attention (blocks of 8 tokens here). The prefill
+    engine computes 19 of a 20-token prompt; both sides list a request's pages group after group."""
+    groups = KVGroups((64, 64, 8), (True, True, False))
+    t = RequestTracker(is_producer=True, block_size=8, groups=groups)
+    tokens = list(range(20))
+    r = NS(request_id="a", prompt_token_ids=list(tokens), _all_token_ids=list(tokens), num_prompt_tokens=20,
+           max_tokens=1, kv_transfer_params={"transfer_id": "t"})
+    t.new_request(r)
+    t.new_request(r)  # added again after a preemption: cut once
+    assert (r.prompt_token_ids, r._all_token_ids, r.num_prompt_tokens) == (tokens[:19], tokens[:19], 19)
+    t.allocated(r, None)
+    out = NS(scheduled_new_reqs=[NS(req_id="a", block_ids=([4], [5], [1, 2, 3]), num_computed_tokens=0)],
+             scheduled_cached_reqs=NS(req_ids=[], new_block_ids=[], num_computed_tokens=[], resumed_req_ids=set()),
+             num_scheduled_tokens={"a": 19}, total_num_scheduled_tokens=19)
+    (send,) = t.step_metadata(out).sends  # its truncated prompt's last token computed: sent
+    assert (send.block_ids, send.num_tokens) == ([4, 5, 1, 2, 3], 19)
+    d = RequestTracker(is_producer=False, block_size=8, groups=groups)
+    whole = request("b", prompt_len=20)
+    d.new_request(whole)  # the decode engine's prompt stays whole
+    assert d.matched_tokens(whole, 0) == (19, False) and len(whole.prompt_token_ids) == 20
+    d.allocated(whole, NS(get_block_ids=lambda: ([9], [8], [6, 7, 10])), 19)
+    (load,) = d.step_metadata(step()).loads
+    assert (load.block_ids, load.num_tokens) == ([9, 8, 6, 7, 10], 19)
+
+
+def test_a_hybrid_models_layers_are_views_of_one_pool_of_pages():
+    """vLLM 0.32 on CPU: every layer's KV cache a view of one buffer, a Gated DeltaNet layer's as
+    raw bytes (its state's size, less than a page), the attention layer's as blocks of K and V."""
+    n, page = 6, 2 * 2 * 8 * 4 * 2  # pages; an attention page: K and V, 2 heads, 8 tokens of 4, bf16
+    raw = torch.zeros(n * page, dtype=torch.uint8)
+    state = torch.empty(0, dtype=torch.int8).set_(raw.untyped_storage(), 0, (n, 1, 1, 200), (page, 200, 200, 1))
+    attention = raw.view(torch.bfloat16).view(n, 2, 8, 8)
+    (name, pool), = page_pools({"linear_attn": state, "self_attn": attention}, n).items()
+    assert name == "pool:linear_attn" and pool.shape == (n, page) and pool.data_ptr() == raw.data_ptr()
+    pool[3] = 7  # a page is a block of either kind of layer
+    assert (state[3].view(torch.uint8) == 7).all() and (attention[3].view(torch.uint8) == 7).all()
+    assert attention[2].view(torch.uint8).eq(0).all()
+    assert KVGroups((8,), (False,)).request_blocks([[1, 2, 3]], 9) == [1, 2]
+    assert KVGroups((64, 8), (True, False)).request_blocks([[5], [1, 2, 3]], 0) == []  # nothing to send

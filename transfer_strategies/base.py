@@ -80,6 +80,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
     KVConnectorMetadata,
     KVConnectorRole,
+    SupportsHMA,
 )
 
 from transfer_strategies.clock import DeviceTimer
@@ -88,6 +89,7 @@ from transfer_strategies.connector_config import ConnectorConfig, HarnessSetting
 from transfer_strategies.connector_stats import TransferCounts, TransferPromMetrics
 from transfer_strategies.faults import TransferFault
 from transfer_strategies.kv_blocks import KVBlocks
+from transfer_strategies.kv_groups import KVGroups, page_pools
 from transfer_strategies.records import RecordWriters, compute_path
 from transfer_strategies.scheduler import RequestTracker, TransferMetadata, TransferRequest
 from transfer_strategies.tp import Placement
@@ -117,11 +119,16 @@ def engine_placement(vllm_config: VllmConfig, harness: HarnessSettings, is_produ
     return Placement(get_tensor_model_parallel_rank(), p, d, heads, is_producer)
 
 
-class TransferConnector(KVConnectorBase_V1):
-    """Base of every strategy. Subclasses implement `send` and `receive`."""
+class TransferConnector(KVConnectorBase_V1, SupportsHMA):
+    """Base of every strategy. Subclasses implement `send` and `receive`. A hybrid model's KV
+    (kv_groups.py: vLLM's hybrid allocator, which it keeps on for a connector that SupportsHMA)
+    reaches a strategy as pools of pages in place of layers."""
 
     Params = NoParams  # the strategy's own parameters (strategy.params): a frozen dataclass
     codec: str | None = None  # a lossy strategy's format (codecs.FORMATS); None: the KV moves bit for bit
+    # whether it moves a hybrid model's pages: not one streaming layer by layer or chunk by chunk
+    # (a page pool is no layer, and a recurrent state is whole only at the prompt's end)
+    moves_hybrid: bool = True
 
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config=None):
         super().__init__(vllm_config=vllm_config, role=role, kv_cache_config=kv_cache_config)
@@ -130,12 +137,13 @@ class TransferConnector(KVConnectorBase_V1):
         self.is_producer = cfg.kv_role == "kv_producer"
         self.params = config.strategy
         self.block_size = vllm_config.cache_config.block_size
+        self.groups = KVGroups.of(kv_cache_config, self.block_size)
         # one part per role, as vLLM's own connectors split them
         self.scheduler = self.worker = None
         if role == KVConnectorRole.SCHEDULER:
             self.scheduler = RequestTracker(self.is_producer, self.block_size,
                                             RecordWriters(config.harness.stats_path, compute_path),
-                                            timeout_s=config.harness.timeout_s)
+                                            timeout_s=config.harness.timeout_s, groups=self.groups)
         else:
             self.worker = TransferWorker(type(self).__name__, self.is_producer, config.harness, config.transport)
 
@@ -232,9 +240,20 @@ class TransferConnector(KVConnectorBase_V1):
         self.scheduler.finished(request)
         return False, None
 
+    def request_finished_all_groups(self, request, block_ids):
+        return self.request_finished(request, block_ids)
+
+    def on_new_request(self, request) -> None:
+        self.scheduler.new_request(request)
+
     # ------------------------------------------------------------ vLLM: worker side
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
-        self.worker.register(kv_caches, self._kv_cache_config.num_blocks, self.block_size, self._placement())
+        num_blocks = self._kv_cache_config.num_blocks
+        if self.groups.hybrid:
+            if self.codec is not None or not self.moves_hybrid:
+                raise NotImplementedError(f"{type(self).__name__} does not move a hybrid model's KV")
+            kv_caches = page_pools(kv_caches, num_blocks)
+        self.worker.register(kv_caches, num_blocks, self.block_size, self._placement())
         if self.codec is not None:
             model = self._vllm_config.model_config
             # MLA's "head" is its latent and rotary key side by side (576 values on DeepSeek): groups of the

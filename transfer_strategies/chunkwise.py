@@ -32,6 +32,8 @@ class _Sent:
 
 
 class ChunkwiseConnector(TransferConnector):
+    moves_hybrid = False  # streams by layer or by chunk: a hybrid model's pages are neither (kv_groups.py)
+
     needs_equal_tp = True  # the harness refuses other degrees before any engine starts (harness/checks.py)
 
     def register_kv_caches(self, kv_caches):

@@ -22,6 +22,8 @@ from transfer_strategies.connector_config import ConnectorConfig
 
 
 class LayerwiseConnector(TransferConnector):
+    moves_hybrid = False  # streams by layer or by chunk: a hybrid model's pages are neither (kv_groups.py)
+
     @classmethod
     def requires_piecewise_for_cudagraph(cls, extra_config) -> bool:
         # A full CUDA-graph replay skips the per-layer hooks: a decode forward pass that loads

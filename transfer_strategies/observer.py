@@ -46,6 +46,7 @@ from transfer_strategies.base import engine_placement
 from transfer_strategies.connector_config import ConnectorConfig, ObserverParams
 from transfer_strategies.connector_stats import Tally
 from transfer_strategies.kv_blocks import KVBlocks
+from transfer_strategies.kv_groups import blocks_for
 from transfer_strategies.negative_control import corrupt_received
 from transfer_strategies.recorder import TransferRecorder
 from transfer_strategies.records import ComputeRecord, RecordWriters, compute_path, rank_path
@@ -53,7 +54,6 @@ from transfer_strategies.scheduler import (
     Asked,
     Progress,
     TransferRequest,
-    blocks_for,
     count_computed,
     records_of,
     single_group,

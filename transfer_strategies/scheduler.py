@@ -47,6 +47,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
 
 from transfer_strategies import kv_transfer_params
+from transfer_strategies.kv_groups import KVGroups
 from transfer_strategies.records import ComputeRecord, RecordWriters
 
 
@@ -122,10 +123,6 @@ class TransferMetadata(KVConnectorMetadata):
     idle: bool = False  # no tokens scheduled this step: the worker may wait for KV to arrive
 
 
-def blocks_for(num_tokens: int, block_size: int) -> int:
-    return -(-num_tokens // block_size) if num_tokens > 0 else 0
-
-
 def transfer_id_of(request) -> str | None:
     return kv_transfer_params.transfer_id_of(request.kv_transfer_params)
 
@@ -165,9 +162,11 @@ class RequestTracker:
     requests whose blocks were allocated since the last step or that wait for their KV."""
 
     def __init__(self, is_producer: bool, block_size: int, records: RecordWriters | None = None,
-                 timeout_s: float = 300.0):
+                 timeout_s: float = 300.0, groups: KVGroups | None = None):
+        """groups: the engine's KV cache groups (kv_groups.py; None: one, of block_size)."""
         self.is_producer = is_producer
-        self.block_size = block_size
+        self.groups = groups or KVGroups((block_size,), (False,))
+        self.block_size = self.groups.token_block_size
         self.timeout_s = timeout_s  # decode: how long a parked request waits for its KV
         # where each request's ComputeRecord goes when vLLM frees it
         self.records = records if records is not None else RecordWriters(None)
@@ -178,6 +177,23 @@ class RequestTracker:
         # decode: req ids vLLM holds until the workers have loaded them -> when they were parked
         self._parked: dict[str, float] = {}
         self._expired: set[str] = set()  # decode: parked req ids already listed as expired
+        self._group_blocks: dict[str, list[list[int]]] = {}  # prefill: req_id -> its blocks so far, per group
+        self._truncated: set[str] = set()  # prefill, hybrid: req ids computing their prompt but its last token
+
+    def new_request(self, request) -> None:
+        """Prefill, a hybrid model: the prompt but its last token is computed (kv_groups.py: a
+        recurrent state cannot be cut back, and the decode engine computes that token itself)."""
+        if not (self.is_producer and self.groups.hybrid) or transfer_id_of(request) is None:
+            return
+        if request.num_prompt_tokens <= 1 or request.prompt_token_ids is None:
+            return
+        if request.request_id in self._truncated:  # preempted and added again: cut once
+            return
+        request.prompt_token_ids.pop()
+        request._all_token_ids.pop()
+        request.num_prompt_tokens -= 1
+        request.max_tokens = 1
+        self._truncated.add(request.request_id)
 
     def matched_tokens(self, request, num_computed_tokens: int) -> tuple[int, bool]:
         if self.is_producer or transfer_id_of(request) is None:
@@ -198,7 +214,7 @@ class RequestTracker:
         if account.admissions > 1 and not self.is_producer:  # preempted: loads nothing (see the module's doc)
             self._local_hits.pop(request.request_id, None)
             return
-        n_tok = len(request.prompt_token_ids) - 1
+        n_tok = len(request.prompt_token_ids) - (request.request_id not in self._truncated)
         now = time.monotonic()
         if self.is_producer:
             fault, delay_s = kv_transfer_params.fault_of(request.kv_transfer_params)
@@ -209,7 +225,7 @@ class RequestTracker:
             return
         # decode: every request with a transfer id takes its message, even when nothing is
         # loaded (all blocks were already cached here), so the sender's space is freed.
-        block_ids = list(single_group(blocks.get_block_ids()))[: blocks_for(n_tok, self.block_size)]
+        block_ids = self.groups.request_blocks(blocks.get_block_ids(), n_tok)
         skip = self._local_hits.pop(request.request_id, 0) // self.block_size
         asked = Asked(records=records_of(request), corrupt=kv_transfer_params.corrupts(request.kv_transfer_params))
         req = TransferRequest(tid, request.request_id, block_ids, n_tok, skip, asked=asked,
@@ -254,7 +270,7 @@ class RequestTracker:
         progress: list[tuple[str, int]] = []  # (req_id, tokens computed before this step)
         for new in out.scheduled_new_reqs:
             if new.req_id in self._sends:
-                self._sends[new.req_id].block_ids = list(single_group(new.block_ids))
+                self._group_blocks[new.req_id] = [list(ids) for ids in new.block_ids]
                 progress.append((new.req_id, new.num_computed_tokens))
         cached = out.scheduled_cached_reqs
         for i, rid in enumerate(cached.req_ids):
@@ -262,19 +278,21 @@ class RequestTracker:
                 continue
             new_blocks = cached.new_block_ids[i]
             if new_blocks is not None:
-                blocks = list(single_group(new_blocks))
                 resumed = rid in getattr(cached, "resumed_req_ids", ())  # after preemption: all blocks anew
-                self._sends[rid].block_ids = blocks if resumed else self._sends[rid].block_ids + blocks
+                so_far = self._group_blocks.get(rid)
+                self._group_blocks[rid] = [list(ids) if resumed or so_far is None else so_far[g] + list(ids)
+                                           for g, ids in enumerate(new_blocks)]
             progress.append((rid, cached.num_computed_tokens[i]))
         ready, chunks = [], []
         for rid, computed in progress:
             req = self._sends[rid]
             done = computed + out.num_scheduled_tokens.get(rid, 0)
             req.computed_tokens = min(done, req.num_tokens)
-            # send once the step that computes the prompt's last token has run (chunked prefill)
-            if done >= req.num_tokens + 1:
+            req.block_ids = self.groups.request_blocks(self._group_blocks[rid], req.num_tokens)
+            # send once the step that computes the prompt's last token has run (chunked prefill;
+            # a truncated prompt's last token is the last one sent)
+            if done >= req.num_tokens + (rid not in self._truncated):
                 del self._sends[rid]
-                req.block_ids = req.block_ids[: blocks_for(req.num_tokens, self.block_size)]
                 ready.append(req)
             else:
                 chunks.append(req)
@@ -282,6 +300,8 @@ class RequestTracker:
 
     def finished(self, request) -> None:
         self._sends.pop(request.request_id, None)
+        self._group_blocks.pop(request.request_id, None)
+        self._truncated.discard(request.request_id)
         # asked about (matched_tokens) but never allocated: vLLM had no room, then it was aborted
         self._local_hits.pop(request.request_id, None)
         account = self._computed.pop(request.request_id, None)

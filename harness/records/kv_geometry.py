@@ -22,6 +22,9 @@ class KVGeometry:
     latent: int | None = None  # MLA: one latent (kv_lora_rank) and a rotary part per token, no heads
     rope: int | None = None
     state_layers: int = 0  # hybrid models: layers holding a recurrent state per request, no KV per token
+    # their state's bytes per request, all those layers (Gated DeltaNet, as vLLM holds it: the convolution
+    # window in the model's dtype, the state matrices in float32); None where the config does not say
+    state_bytes: int | None = None
 
     @property
     def kind(self) -> str:
@@ -38,7 +41,8 @@ class KVGeometry:
     def describe(self) -> str:
         per_layer = (f"latent {self.latent} + rope {self.rope}" if self.latent
                      else f"K,V x {self.kv_heads} heads x {self.head_dim}")
-        state = f" (+ {self.state_layers} layers of recurrent state per request)" if self.state_layers else ""
+        size = f", {self.state_bytes} B" if self.state_bytes else ""
+        state = f" (+ {self.state_layers} layers of recurrent state per request{size})" if self.state_layers else ""
         return f"{self.layers} layers x {per_layer}{state}, {self.bytes_per_token} B/token ({self.dtype})"
 
     def as_record(self) -> dict:
@@ -69,4 +73,17 @@ def kv_geometry(model_path: str, dtype: str) -> KVGeometry | None:
     attention = layers if not isinstance(kinds, list) else sum("attention" in k and "linear" not in k for k in kinds)
     head_dim = c.get("head_dim") or c["hidden_size"] // heads
     return KVGeometry(attention, dtype, kv_heads=c.get("num_key_value_heads") or heads, head_dim=head_dim,
-                      state_layers=layers - attention)
+                      state_layers=layers - attention, state_bytes=_gdn_state_bytes(c, layers - attention, dtype))
+
+
+def _gdn_state_bytes(c: dict, n_layers: int, dtype: str) -> int | None:
+    """Gated DeltaNet layers' state per request (Qwen3-Next's linear_* keys), as vLLM 0.32 holds
+    it: a convolution window of kernel - 1 steps over the keys, queries and values (model dtype)
+    and a key x value matrix per value head (float32)."""
+    try:
+        k_heads, v_heads = c["linear_num_key_heads"], c["linear_num_value_heads"]
+        k_dim, v_dim, kernel = c["linear_key_head_dim"], c["linear_value_head_dim"], c["linear_conv_kernel_dim"]
+    except KeyError:
+        return None
+    conv = (kernel - 1) * (2 * k_heads * k_dim + v_heads * v_dim) * DTYPE_BYTES[dtype]
+    return n_layers * (conv + v_heads * k_dim * v_dim * 4)
