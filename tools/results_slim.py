@@ -10,7 +10,7 @@ tree free of them):
 
     scratch     example-connector-kv/: the KV that vLLM's ExampleConnector (strategy=vllm_example)
                 stored on disk as its transport: 60 MB for 10 prompts of 512 and 2048 tokens (removed)
-    rendezvous  kv-channel*.port[.p<i>d<j>]: the port a prefill worker bound, for the decode
+    rendezvous  kv-channel*.port[.p<i>d<j>|.relay<j>]: the port a prefill worker bound, for the decode
                 worker to find while the run lasted (removed)
     prompts     a benchmark's prompts.jsonl that bench_prompts makes again byte for byte from the
                 runs' bench.lengths and bench.per_length (removed; `write_prompts` makes it again)
@@ -45,7 +45,7 @@ from pathlib import Path
 
 RULES = ("scratch", "rendezvous", "prompts", "figures", "hydra", "empty_logs", "digests", "gzip", "log_paths")
 TRANSFER_RECORDS = re.compile(r"^(prefill|decode)-transfers.*\.jsonl(\.gz)?$")
-RENDEZVOUS = re.compile(r"^kv-channel.*\.port(\.p\d+d\d+)?$")
+RENDEZVOUS = re.compile(r"^kv-channel.*\.port(\.p\d+d\d+|\.relay\d+)?$")
 LOG_SUFFIXES = (".log", ".log.gz", ".out.gz")
 # in order: a virtualenv anywhere, then the checkout (/work/<name>), then the rest
 PLACEHOLDERS = [
