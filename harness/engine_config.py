@@ -53,6 +53,10 @@ def engine_args(s: Settings, role: str | None = None) -> dict:
         # a recurrent state is kept per request, one block of its group, only without prefix caching
         # (with it vLLM keeps states at block boundaries): what transfer_strategies/kv_groups.py moves
         args["enable_prefix_caching"] = False
+    elif cfg.strategy.module and role in ("prefill", "decode"):
+        # this project's connectors declare SupportsHMA for hybrid models; any other keeps one KV cache
+        # group, as vLLM gave a connector without it (sliding-window layers as full attention)
+        args.setdefault("disable_hybrid_kv_cache_manager", True)
     if device == "cpu" and s.kv_geometry and s.kv_geometry.kind == "latent":
         # vLLM 0.32's CPU rotary kernel rotates MLA's query, (tokens, heads, 64), wrongly with more
         # than one head; its PyTorch rotary is right (docs/strategies.md, KV geometries)

@@ -42,8 +42,11 @@ class KVGroups:
             return cls((block_size,), (False,))
         from vllm.v1.kv_cache_interface import MambaSpec
 
-        return cls(tuple(g.kv_cache_spec.block_size for g in groups),
-                   tuple(isinstance(g.kv_cache_spec, MambaSpec) for g in groups))
+        states = tuple(isinstance(g.kv_cache_spec, MambaSpec) for g in groups)
+        if not any(states):  # the harness keeps these in one group (disable_hybrid_kv_cache_manager)
+            raise NotImplementedError(f"{len(groups)} KV cache groups of attention layers (sliding windows beside "
+                                      f"full attention?): these strategies move one, or a hybrid model's")
+        return cls(tuple(g.kv_cache_spec.block_size for g in groups), states)
 
     @property
     def hybrid(self) -> bool:
