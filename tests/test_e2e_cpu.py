@@ -354,6 +354,24 @@ def test_a_decode_engine_that_recomputes_the_prompt_fails_the_run(results_dir):
     assert all(r["decode_computed_tokens"] == r["prompt_len"] and r["decode_loaded_tokens"] == 0 for r in rows)
 
 
+def test_a_decode_engine_that_starts_from_tokens_nobody_sent_fails_the_run(results_dir):
+    """The prefill side says it sent the KV of all but the prompt's last two tokens, the decode
+    engine starts from all but the last one. Every block (copied whole) and every output
+    matches; the token counts do not."""
+    run = run_harness(results_dir / "e2e-miscounts", "strategy=custom", "strategy.name=sends_one_token_short",
+                      "strategy.module=tests.miscounting_strategy", "strategy.connector=SendsOneTokenShort",
+                      "workload=smoke", "sampling.max_tokens=4")
+    assert run.code == 1, run.stderr[-3000:]
+    s = run.summary
+    assert s["status"] == "kv_miscounted" and s["match_rate"] == 1.0 and s["digest_failures"] == 0
+    assert s["kv_miscounted"] == s["requests"] == 4 and s["kv_recomputed"] == 0
+    assert "prompt tokens nobody sent" in run.stderr
+    rows = run.jsonl("requests.jsonl")
+    assert all((r["sent_tokens"], r["decode_cached_tokens"]) == (r["prompt_len"] - 2, r["prompt_len"] - 1)
+               for r in rows)
+    assert s["sent_tokens_sum"] == s["decode_loaded_tokens_sum"] - s["requests"]
+
+
 @pytest.fixture(scope="module")
 def crashed_run(results_dir):
     return run_harness(results_dir / "e2e-crash", "strategy=custom", "strategy.name=crash",

@@ -43,7 +43,9 @@ def documented(heading: str) -> set[str]:
 
 
 def expand(names: set[str]) -> set[str]:
-    return {n.replace("<metric>", f.name) for n in names for f in summarized(OFFLINE)}
+    """`<metric>_<stat>[_lo|_hi]` for each metric summed up with that statistic (p50, p90, sum)."""
+    return {n.replace("<metric>", f.name) for n in names for f in summarized(OFFLINE)
+            if "<metric>" not in n or n.split("<metric>_")[1].split("_")[0] in f.summary[OFFLINE].stats}
 
 
 def test_readme_tables_of_the_rows_are_what_their_declarations_write():
@@ -97,10 +99,11 @@ def test_readme_documents_every_serving_field_and_summary_key_and_no_other():
     names = set()
     for n in documented("runner=serve: summary.json"):
         marks = [f.name for f in summarized(SERVE) if f.summary[SERVE].only_measured]
-        subs = ([f.name for f in summarized(SERVE) if f.name not in marks] if "<latency>" in n else marks
-                if "<mark>" in n else ("",))
+        latencies = [f.name for f in summarized(SERVE) if f.name not in marks and "p50" in f.summary[SERVE].stats]
+        counts = [f.name for f in summarized(SERVE) if "sum" in f.summary[SERVE].stats]
+        subs = latencies if "<latency>" in n else marks if "<mark>" in n else counts if "<count>" in n else ("",)
         for m in subs:
-            n2 = n.replace("<latency>", m).replace("<mark>", m)
+            n2 = n.replace("<latency>", m).replace("<mark>", m).replace("<count>", m)
             names.update({n2.replace("[base_]", ""), n2.replace("[base_]", "base_")})
     # the baseline goes through no P/D router: no marks there
     assert set(summary) == {n for n in names if not n.startswith(("base_prefill_ttft", "base_decode_ttft"))}

@@ -40,6 +40,7 @@ class Stats:
 
 
 P50_P90 = Stats(("p50", "p90"))
+TOTAL = Stats(("sum",))  # a count over the run (token sources)
 LATENCY = Stats(("p50", "p90", "p99"))
 MARK = Stats(("p50", "p99"), only_measured=True)
 
@@ -118,17 +119,13 @@ FIELDS: list[Field] = [
     F("turn", "int | None", CONVERSATION, BOTH),
     F("status", "str", "`ok`, `failed` (see `error`) or `cancelled` (the client went away on purpose: after the first "
       "token, `serve.cancel_fraction`, or at a random time, `scenario.aborts`)", (SERVE,)),
-    F("match", "bool | None", {
-        OFFLINE: "decode output token ids == baseline's",
-        SERVE: AGAINST_BASELINE}, BOTH, shown=("run",)),
-    F("first_divergence", "int | None", {
-        OFFLINE: "index of the first differing token (null when equal)",
-        SERVE: AGAINST_BASELINE}, BOTH, label="diverge@", spec=".0f",
+    F("match", "bool | None", {OFFLINE: "decode output token ids == baseline's", SERVE: AGAINST_BASELINE}, BOTH,
       shown=("run",)),
+    F("first_divergence", "int | None", {OFFLINE: "index of the first differing token (null when equal)",
+                                         SERVE: AGAINST_BASELINE}, BOTH, label="diverge@", spec=".0f", shown=("run",)),
     F("max_logprob_diff", "float | None", {
         OFFLINE: "largest abs difference of the chosen tokens' logprobs up to and including the first divergence",
-        SERVE: AGAINST_BASELINE}, BOTH, label="max|dlp|", spec=".1e",
-      shown=("run",)),
+        SERVE: AGAINST_BASELINE}, BOTH, label="max|dlp|", spec=".1e", shown=("run",)),
     F("near_tie", "bool | None", {
         OFFLINE: "for a mismatch: true when, at the first differing token, each engine's token is among the other's "
                  "top-k (`sampling.logprobs`; vLLM's `check_logprobs_close`): a near tie tipped by rounding (in bf16 "
@@ -318,18 +315,23 @@ HANDOVER_DOC = (
 FIELDS += [F(f"handover_{part}_ms", "float | None", HANDOVER_DOC, (SERVE,), default=None) for part, _ in HANDOVER_PATH]
 
 COMPUTED = "from the compute records, as in the offline rows (from version 4)"
+V19, SUMS = "from version 19, both runners", {OFFLINE: TOTAL, SERVE: TOTAL}  # the token sources
 FIELDS += [
     F("decode_computed_tokens", "int | None", {
         OFFLINE: "prompt tokens the decode engine computed, as vLLM's scheduler scheduled them, over every admission "
                  "(1 when it used the KV: vLLM always computes the last prompt token; null for vLLM's own connectors)",
-        SERVE: COMPUTED}, BOTH),
-    F("decode_loaded_tokens", "int | None", "prompt tokens the decode engine took from the connector (vLLM's external "
-      "hits)"),
+        SERVE: COMPUTED}, BOTH, summary=SUMS),
+    F("decode_hit_tokens", "int | None", f"prompt tokens the decode engine found in its own prefix cache ({V19})",
+      BOTH, default=None, summary=SUMS),
+    F("decode_loaded_tokens", "int | None", "prompt tokens the decode engine received from a transfer (vLLM's external "
+      f"hits; in the serving rows {V19})", BOTH, default=None, summary=SUMS),
+    F("sent_tokens", "int | None", "prompt tokens the prefill side sent the KV of (its send record's: ours all but "
+      "the last, vLLM's NixlConnector all); the decode engine's hit and loaded tokens may add up to no more, else it "
+      f"trusted KV nobody sent: status kv_miscounted ({V19})", BOTH, default=None, source="send.tokens", summary=SUMS),
     F("decode_cached_tokens", "int | None", "at the decode request's first step: its own prefix-cache hits plus the "
       "loaded tokens (prompt_len - 1 when nothing was recomputed)"),
-    F("decode_preemptions", "int | None", {
-        OFFLINE: "how often vLLM preempted the request on that engine (freed its blocks and admitted it again)",
-        SERVE: COMPUTED}, BOTH),
+    F("decode_preemptions", "int | None", {OFFLINE: "how often vLLM preempted the request on that engine (freed its "
+                                                    "blocks and admitted it again)", SERVE: COMPUTED}, BOTH),
     F("prefill_preemptions", "int | None", "how often vLLM preempted the request on that engine (freed its blocks and "
       "admitted it again)"),
     F("kv_recomputed", "bool | None", {

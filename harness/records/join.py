@@ -66,7 +66,9 @@ def _mean(values: list[float]) -> float | None:
 def compute_fields(prefill: ComputeRecord | None, decode: ComputeRecord | None) -> dict:
     """A request's row's share of the engines' compute records (None where a connector writes
     none: vLLM's own). kv_recomputed: the decode engine computed prompt tokens it was sent."""
+    hits = decode.cached_tokens - decode.loaded_tokens if decode and decode.cached_tokens is not None else None
     return {"decode_computed_tokens": decode.computed_tokens if decode else None,
+            "decode_hit_tokens": hits,
             "decode_loaded_tokens": decode.loaded_tokens if decode else None,
             "decode_cached_tokens": decode.cached_tokens if decode else None,
             "decode_preemptions": decode.preemptions if decode else None,

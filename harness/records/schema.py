@@ -32,7 +32,9 @@ from harness.records.fields import (
 # have their own (transfer_strategies/records.py RECORD_VERSION), the same number up to 16.
 #  17: versioned apart; the fields declared once (fields.py); the status scenario_unmet
 #  18: summary.json's kv_geometry (both runners)
-SCHEMA_VERSION = 18
+#  19: each row's token sources (sent_tokens, decode_hit_tokens, decode_loaded_tokens, both runners), their sums,
+#      kv_miscounted and its status
+SCHEMA_VERSION = 19
 UNVERSIONED = 1  # what a row without schema_version is
 
 OVERHEAD_PARTS = [f"overhead_{part}_ms" for part, _ in CRITICAL_PATH]

@@ -39,7 +39,7 @@ TIMED_OUT = "timed out (run.request_timeout_s)"
 def latencies() -> list[Field]:
     """The latencies every path's summary gives (fields.py: SERVE's Stats), each pass's p50 too;
     the router's marks (only_measured) aside."""
-    return [f for f in summarized(SERVE) if not f.summary[SERVE].only_measured]
+    return [f for f in summarized(SERVE) if "p50" in f.summary[SERVE].stats and not f.summary[SERVE].only_measured]
 
 
 def values(f: Field, rows: list[dict]) -> list:

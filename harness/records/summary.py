@@ -55,6 +55,9 @@ def statistics(key: str, values: list, stats: Stats) -> dict:
     for s in stats.stats:
         if s == "p50":
             out.update(p50_with_interval(values, f"{key}_p50"))
+        elif s == "sum":
+            counted = [v for v in values if number(v)]
+            out[f"{key}_sum"] = int(sum(counted)) if counted else None
         else:
             out[f"{key}_{s}"] = percentile(values, int(s[1:]))
     return out
@@ -81,12 +84,18 @@ def number(value) -> bool:
 def recompute_counts(rows: list[dict]) -> dict:
     """How often the decode engine computed prompt tokens it had been sent, and how many of those
     requests had been preempted (their KV freed: recomputing is then the expected way back);
-    preemptions summed per engine. Empty for rows without compute records."""
+    preemptions summed per engine; requests the decode engine started from more prompt tokens
+    than the prefill sent the KV of (kv_miscounted). Empty for rows without compute records."""
     counted = [r for r in rows if r.get("kv_recomputed") in (True, False)]  # not None, nor a loader's NaN
     if not counted:
         return {}
     recomputed = [r for r in counted if r["kv_recomputed"]]
-    return {"kv_recomputed": len(recomputed),
+    # vLLM started the request from prompt tokens whose KV nobody sent (a connector may send more: vLLM's
+    # NixlConnector sends the prompt's last token too, which the decode engine computes again)
+    miscounted = [r for r in counted if not r["kv_recomputed"] and not (r.get("error") or r.get("transfer_error"))
+                  and number(r.get("sent_tokens")) and number(r.get("decode_cached_tokens"))
+                  and r["decode_cached_tokens"] > r["sent_tokens"]]
+    return {"kv_recomputed": len(recomputed), "kv_miscounted": len(miscounted),
             "kv_recomputed_preempted": sum(bool(r.get("decode_preemptions")) for r in recomputed),
             "decode_preemptions": sum(r.get("decode_preemptions") or 0 for r in counted),
             "prefill_preemptions": sum(r.get("prefill_preemptions") or 0 for r in counted)}

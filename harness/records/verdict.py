@@ -11,6 +11,9 @@ means one thing whichever runner wrote it. The first rule that holds decides:
                      baseline's own rerun's (harness/records/accuracy.py; any strategy, when set)
     kv_recomputed    a decode engine computed a prompt it was sent, not preempted (unless the
                      scenario expects it)
+    kv_miscounted    a decode engine started a request from more prompt tokens (its prefix-cache
+                     hits and the tokens it received) than the prefill sent the KV of: it trusted
+                     KV nobody sent (outputs and digests may still match)
     fault_missed     an injected transport fault went unseen (scenarios)
     kv_leak          KV blocks or transfers still held after every request ended
     requests_failed  a request failed other than by its time limit (runner=serve)
@@ -62,6 +65,9 @@ def judge(counts: dict, *, noise: int, expect_recompute: bool = False, first_tra
         return "kv_recomputed", (f"{unexplained_recomputes(counts)} request(s) recomputed their prompt on the decode "
                                  f"engine instead of using the KV they were sent (not preempted; see kv_recomputed "
                                  f"in requests.jsonl)")
+    if counts.get("kv_miscounted"):
+        return "kv_miscounted", (f"{counts['kv_miscounted']} request(s) started decoding from prompt tokens nobody "
+                                 f"sent the KV of (decode_cached_tokens above sent_tokens in the rows)")
     missed, injected = faults
     if missed:
         return "fault_missed", (f"{missed} of {injected} injected transport faults went unseen: neither failed nor "
