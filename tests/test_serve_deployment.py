@@ -203,6 +203,7 @@ def test_each_instances_metrics_count_its_connectors_transfers(deployment):
         assert counted == len(records) >= 5, name
         assert d[name].metric("vllm:kv_harness_bytes_total") == sum(r["bytes"] for r in records) > 0
         assert d[name].metric("vllm:kv_harness_transfer_seconds_total") > 0
+        assert d[name].metric("vllm:kv_harness_tokens_total") == sum(r["tokens"] for r in records) > 0
         assert d[name].metric("vllm:kv_harness_failed_transfers_total") == 0
 
 

@@ -4,6 +4,8 @@ so that a Prometheus deployment sees them without the harness:
     vllm:kv_harness_transfers_total         transfers this engine's workers recorded (sent or received)
     vllm:kv_harness_bytes_total             their payload bytes
     vllm:kv_harness_transfer_seconds_total  their time (the sender's gpu_ms or send_ms, the receiver's transfer_ms)
+    vllm:kv_harness_tokens_total            the prompt tokens whose KV they carried (sent, or received; not
+                                            a failed one's), beside vLLM's own prompt_tokens_by_source
     vllm:kv_harness_failed_transfers_total  transfers that failed (a receive whose KV did not come, ...)
     vllm:kv_harness_faults_total            transfers that carried an injected fault (scenario.fault)
 
@@ -25,10 +27,11 @@ from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorPromMetrics, KVConnectorStats
 
-COUNTS = ("transfers", "bytes", "transfer_s", "failed", "faults")
+COUNTS = ("transfers", "bytes", "transfer_s", "tokens", "failed", "faults")
 DOCS = {"transfers": ("kv_harness_transfers", "KV transfers this engine recorded"),
         "bytes": ("kv_harness_bytes", "payload bytes of those transfers"),
         "transfer_s": ("kv_harness_transfer_seconds", "transfer time of those transfers"),
+        "tokens": ("kv_harness_tokens", "prompt tokens whose KV those transfers carried"),
         "failed": ("kv_harness_failed_transfers", "KV transfers that failed"),
         "faults": ("kv_harness_faults", "KV transfers that carried an injected fault")}
 
@@ -71,6 +74,7 @@ class Tally:
             # the sender's time on the GPU's clock where there is one, else its host's; the receiver's transfer_ms
             ms = next((v for v in (record.gpu_ms, record.send_ms, record.transfer_ms) if v is not None), 0.0)
             c["transfer_s"] += ms / 1e3
+            c["tokens"] += 0 if record.error is not None else record.tokens
             c["failed"] += record.error is not None
             c["faults"] += record.fault is not None
 
