@@ -37,6 +37,8 @@ CASES = {
                           "strategy.connector=TwoHalvesConnector", "strategy.params={split:1}"],
     # chunkwise with prefill steps of 64 tokens: the long prompts leave in chunks
     "chunkwise": ["strategy=chunkwise", "engines.prefill={max_num_batched_tokens:64,max_num_seqs:8}"],
+    # with the no-transfer control: the decode engine alone, after the P/D pass
+    "fused": ["strategy=fused", "run.no_transfer_control=true"],
     # the hand-off: the decode request goes once the prefill engine has answered
     "fused-after_prefill": ["strategy=fused", "run.decode_submit=after_prefill"],
     # every prompt in flight at once: all decode requests parked together
@@ -68,6 +70,22 @@ def test_every_output_matches_the_baseline(strategy_run):
     assert len(strategy_run.jsonl("baseline_repeat.jsonl")) == len(edge_prompts())
     assert isinstance(s["baseline_self_mismatches"], int) and 0 <= s["baseline_self_match_rate"] <= 1
     assert "match" in strategy_run.stdout and "GB/s" in strategy_run.stdout
+
+
+def test_the_no_transfer_control_has_the_decode_engine_compute_every_prompt_itself(strategy_run):
+    """run.no_transfer_control (fused's run): after the P/D pass, every prompt through the decode
+    engine alone at the same concurrency; its mismatches against the baseline are the floor an
+    exact match is read against, beside the baseline's own repeat."""
+    if strategy_run.case != "fused":
+        pytest.skip("fused's run takes the control")
+    rows, base = strategy_run.jsonl("control.jsonl"), strategy_run.jsonl("baseline.jsonl")
+    assert sorted(r["prompt_idx"] for r in rows) == list(range(len(edge_prompts())))
+    assert all(len(r["token_ids"]) == 8 for r in rows)  # sampling.max_tokens
+    ours = {b["prompt_idx"]: b["token_ids"] for b in base}
+    same = sum(r["token_ids"] == ours[r["prompt_idx"]] for r in rows)
+    s = strategy_run.summary
+    assert s["control_mismatches"] == len(rows) - same and s["control_match_rate"] == same / len(rows)
+    assert "decode engine alone, no transfer" in strategy_run.stdout
 
 
 def test_the_decode_engine_used_the_kv_it_was_sent(strategy_run):

@@ -209,6 +209,14 @@ class OfflineDeployment:
     def reset_baseline_prefix_cache(self) -> None:
         self.engines["baseline"].reset_prefix_cache()
 
+    def control_pass(self, workload: Workload, on_finish: OnFinish, phase: str = "") -> None:
+        """run.no_transfer_control: every prompt through the decode engine alone, as the P/D path
+        sends them (its concurrency), without kv_transfer_params: no connector moves anything, the
+        engine computes each prompt itself (its prefix cache emptied first: the P/D pass's KV)."""
+        self.engines["decode"].reset_prefix_cache()
+        stages = [[(self.engines["decode"], lambda p, r: sampling_params(self.cfg, self.cfg.sampling.max_tokens))]]
+        pipeline(stages, workload, self.cfg.run.request_timeout_s, on_finish, phase=phase)
+
     def disagg_pass(self, workload: Workload, on_finish: OnFinish, phase: str = "",
                     aborts: dict[int, Abort] | None = None) -> None:
         """Every prompt through the prefill engine, then the decode engine with the prefill's KV

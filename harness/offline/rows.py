@@ -74,6 +74,7 @@ class RunRows:
         self.settings, self.run_id = settings, run_id
         self.base: dict[int, dict] = {}
         self.self_match: list[bool] = []  # the baseline's second pass against its first, per prompt
+        self.control_match: list[bool] = []  # run.no_transfer_control: the decode engine alone against the baseline
         self.requests: list[dict] = []
         self.base_out = JsonlWriter(run_dir / "baseline.jsonl")
         self.req_out = JsonlWriter(run_dir / "requests.jsonl")
@@ -87,6 +88,11 @@ class RunRows:
         row = baseline_row(self.run_id, p, t0, results)
         out.write(row)
         self.self_match.append(row["token_ids"] == self.base[p.index]["token_ids"])
+
+    def add_control(self, p: Prompt, t0: float, results: list[dict], out: JsonlWriter) -> None:
+        row = baseline_row(self.run_id, p, t0, results)
+        out.write(row)
+        self.control_match.append(row["token_ids"] == self.base[p.index]["token_ids"])
 
     def add_request(self, p: Prompt, t0: float, results: list[dict], stats: TransferStats, transfer_id: str) -> None:
         row = disagg_row(self.settings, self.run_id, p, t0, results, self.base[p.index], stats, transfer_id)

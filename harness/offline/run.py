@@ -96,6 +96,10 @@ def _run(cfg: DictConfig, run_dir: Path, link: VethLink | None = None) -> int:
         reusable.add("baseline")
         timings["startup_s"] += deployment.start_disagg()
         disagg_passes(cfg, deployment, workload, rows, timings)
+        if cfg.run.no_transfer_control:
+            with JsonlWriter(run_dir / "control.jsonl") as out:
+                deployment.control_pass(workload, lambda p, t0, results: rows.add_control(p, t0, results, out),
+                                        phase="no-transfer control")
         # every request has finished: a block still held is a leak (a parked request never released)
         # (vLLM's pull connector frees the prefill's blocks on a later step: the engine steps for it, usage)
         kv_in_use, transfer_held = deployment.usage()
@@ -111,7 +115,7 @@ def _run(cfg: DictConfig, run_dir: Path, link: VethLink | None = None) -> int:
     timings["engine_startup_s"] = {n: 0.0 if deployment.reused[n] else round(e.startup_s, 2)
                                    for n, e in deployment.engines.items()}
     timings["total_s"] = time.monotonic() - t_run
-    self_match = rows.self_match
+    self_match, control = rows.self_match, rows.control_match
     summary = run_summary(rows.requests, status=status, error=error, run_id=run_id, strategy=cfg.strategy.name,
                           model=cfg.model.name, workload=cfg.workload.name, device=device, copy_ceiling_gbps=ceiling,
                           timings=timings, engine_pids={n: e.proc.pid for n, e in deployment.engines.items()},
@@ -123,7 +127,9 @@ def _run(cfg: DictConfig, run_dir: Path, link: VethLink | None = None) -> int:
                           **({"link_ceiling_gbps": link_gbps} if link_gbps is not None else {}),
                           **({"link": link.spec.summary()} if link is not None else {}),
                           baseline_self_mismatches=self_match.count(False) if self_match else None,
-                          baseline_self_match_rate=self_match.count(True) / len(self_match) if self_match else None)
+                          baseline_self_match_rate=self_match.count(True) / len(self_match) if self_match else None,
+                          control_mismatches=control.count(False) if control else None,
+                          control_match_rate=control.count(True) / len(control) if control else None)
     if status == "ok":
         status, code, error = judged(cfg, summary, rows.requests, kv_in_use, transfer_held)
     record(cfg, run_dir, run_id, summary, rows.requests, code)

@@ -34,7 +34,9 @@ def format_run_table(rows: list[dict], summary: dict) -> str:
         f"match {s.get('requests', 0) - s.get('mismatches', 0)}/{s.get('requests', 0)}"
         + (f" ({s['near_ties']} other(s) at a near tie)" if s.get("near_ties") else "")
         + (f" (baseline with itself {format_value(s['baseline_self_match_rate'], '.2f')})"
-           if s.get("baseline_self_match_rate") is not None else "") +
+           if s.get("baseline_self_match_rate") is not None else "")
+        + (f" (decode engine alone, no transfer: {format_value(s['control_match_rate'], '.2f')})"
+           if s.get("control_match_rate") is not None else "") +
         f"  digest failures {s.get('digest_failures', 0)}/{s.get('digest_checked', 0)}"
         f"  ttft p50 {f(s.get('ttft_ms_p50'), '.1f')} ms (baseline {f(s.get('base_ttft_ms_p50'), '.1f')})"
         f"  e2e p50 {f(s.get('e2e_ms_p50'), '.1f')} ms (baseline {f(s.get('base_e2e_ms_p50'), '.1f')})"
