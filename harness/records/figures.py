@@ -40,6 +40,9 @@ FIGURES: list[Figure] = [
     Figure("output_throughput", "tok/s", ".1f", "higher", ("serve",), (SERVE,)),
     Figure("goodput", "goodput", ".2f", "higher", ("serve", "sweep"), (SERVE,)),
     Figure("base_goodput", "base goodput", ".2f", "higher", ("sweep",), (SERVE,)),
+    # ITL with a prefill in flight over ITL without, minus one (harness/records/interference.py)
+    Figure("interference", "interference", "+.2f", "lower", ("serve", "sweep"), (SERVE,)),
+    Figure("base_interference", "base interference", "+.2f", "lower", ("sweep",), (SERVE,)),
     Figure("slo_attainment", "SLO met", ".2f", "higher", ("serve", "sweep"), (SERVE,)),
     Figure("requests", "requests", ".0f", None, ("sweep", "accuracy"), pooled="sum"),
     Figure("match_rate", "match", ".3g", "higher", ("sweep", "accuracy"), BOTH),

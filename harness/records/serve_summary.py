@@ -26,6 +26,7 @@ from pathlib import Path
 from harness.records.accuracy import accuracy_cost
 from harness.records.fields import SERVE, Field
 from harness.records.files import read_jsonl
+from harness.records.interference import interference
 from harness.records.provoked import aborted, fault_counts, given
 from harness.records.schema import HANDOVER_PARTS, HANDOVER_PATH, SCHEMA_VERSION, shown_in, summarized
 from harness.records.stats import mean_interval, percentile
@@ -91,6 +92,7 @@ def path_stats(rows: list[dict], prefix: str = "") -> dict:
     uncancelled = [r for r in rows if r["status"] != "cancelled"]
     out[f"{prefix}slo_attainment"] = good / len(uncancelled) if uncancelled else None
     out[f"{prefix}coalesced"] = sum(bool(r.get("coalesced")) for r in ok)
+    out.update(interference(rows, f"{prefix}interference"))
     return out
 
 

@@ -65,6 +65,19 @@ def overhead_lines(s: dict) -> list[str]:
     return lines
 
 
+def interference_lines(s: dict) -> list[str]:
+    """Each path's interference factor with its interval (harness/records/interference.py)."""
+    def one(prefix: str) -> str:
+        v = s.get(f"{prefix}interference")
+        if v is None:
+            return "n/a"
+        return f"{v:+.2f} [{s[f'{prefix}interference_lo']:+.2f}, {s[f'{prefix}interference_hi']:+.2f}]"
+    if s.get("interference") is None and s.get("base_interference") is None:
+        return []
+    return [f"interference (token gaps with a prefill in flight against without, - 1): P/D {one('')}, "
+            f"baseline {one('base_')}"]
+
+
 def serve_columns() -> list[Column]:
     """runner=serve's summary table, a row per path: its counts and rates, each latency's p50 with its
     interval and, for the tail's, its p99 (fields.py and figures.py declare which)."""
@@ -93,7 +106,7 @@ def format_serve_summary(s: dict) -> str:
         f"the baseline matches itself {f(s.get('baseline_self_match_rate'), '.3f')} "
         f"({s.get('baseline_self_mismatches')} differ); digest failures {s.get('digest_failures')}/"
         f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}", *handover_lines(s),
-        *accuracy_line(s),
+        *accuracy_line(s), *interference_lines(s),
         *prefix_hit_lines(s), *scenario_lines(s), *coalesced_lines(s), *probe_lines(s), *repeat_lines(s),
         *([f"aborted by the client at a random time: {s['aborted']}"] if s.get("aborted") else [])])
 
