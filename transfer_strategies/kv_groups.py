@@ -13,8 +13,8 @@ moves those pages of every pool as it moves a Llama's blocks of every layer.
 
 A recurrent state cannot be cut back by a token, and a decode engine computes a prompt's last
 token itself (it must, for its first output): the prefill engine computes the prompt but its
-last token (`KVGroups.truncates`), so its state and KV are those the decode engine continues
-from, as vLLM's Mooncake connector does for these models.
+last token (scheduler.py, `RequestTracker.new_request`), so its state and KV are those the
+decode engine continues from, as vLLM's Mooncake connector does for these models.
 """
 
 from __future__ import annotations

@@ -288,11 +288,13 @@ class RequestTracker:
             req = self._sends[rid]
             done = computed + out.num_scheduled_tokens.get(rid, 0)
             req.computed_tokens = min(done, req.num_tokens)
-            req.block_ids = self.groups.request_blocks(self._group_blocks[rid], req.num_tokens)
+            so_far = self._group_blocks.get(rid) or [[] for _ in self.groups.block_sizes]
+            req.block_ids = self.groups.request_blocks(so_far, req.num_tokens)
             # send once the step that computes the prompt's last token has run (chunked prefill;
             # a truncated prompt's last token is the last one sent)
             if done >= req.num_tokens + (rid not in self._truncated):
                 del self._sends[rid]
+                self._group_blocks.pop(rid, None)
                 ready.append(req)
             else:
                 chunks.append(req)
