@@ -50,19 +50,30 @@ def test_a_block_is_16_tokens_of_one_latent_per_layer_no_heads(mla_run):
         ("latent", 512, 64, LAYERS * LATENT * 4)
 
 
-# make test: fused once (a TP-2 prefill engine is the new thing); the others in test-full
-@pytest.mark.parametrize("strategy", cells(["fused", "per_request_blocks", "full_cache", "layerwise", "chunkwise",
-                                            "fused_int8"], {"fused"}))
-def test_a_tp2_prefill_engine_sends_the_latent_once(strategy, results_dir, tmp_path):
-    # every prefill worker holds the whole latent: the first sends it, the second records that it sent nothing
+# every built-in strategy under TP; make test runs fused once each way, the others in test-full
+TP_STRATEGIES = cells(["fused", "per_request_blocks", "full_cache", "layerwise", "chunkwise", "fused_int8"],
+                      {"fused"})
+
+
+def tp2_run(results_dir, tmp_path, strategy: str, side: str):
+    """tiny-mla with the prefill or decode engine at TP 2 on five edge prompts, judged as any run:
+    status ok, digests agree, outputs the baseline's (fused_int8: judged as lossy)."""
     prompts = write_token_prompts(tmp_path / "p.jsonl", edge_prompts(BLOCK)[:5])
-    run = run_harness(results_dir / f"mla-tp2to1-{strategy}", "model=tiny_mla", f"strategy={strategy}",
-                      "engines.prefill={tensor_parallel_size:2}", "workload=jsonl", f"workload.path={prompts}",
+    name = "tp2to1" if side == "prefill" else "tp1to2"
+    run = run_harness(results_dir / f"mla-{name}-{strategy}", "model=tiny_mla", f"strategy={strategy}",
+                      f"engines.{side}={{tensor_parallel_size:2}}", "workload=jsonl", f"workload.path={prompts}",
                       "sampling.max_tokens=8")
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
     assert s["status"] == "ok" and s["digest_failures"] == 0 and s["digest_checked"] >= 4
     assert strategy == "fused_int8" or s["match_rate"] == 1.0
+    return run
+
+
+@pytest.mark.parametrize("strategy", TP_STRATEGIES)
+def test_a_tp2_prefill_engine_sends_the_latent_once(strategy, results_dir, tmp_path):
+    # every prefill worker holds the whole latent: the first sends it, the second records that it sent nothing
+    run = tp2_run(results_dir, tmp_path, strategy, "prefill")
     first, second = worker_records(run, "send", 2)
     (received,) = worker_records(run, "receive", 1)
     assert len(first) == len(second) == len(received) == 5
@@ -76,19 +87,10 @@ def test_a_tp2_prefill_engine_sends_the_latent_once(strategy, results_dir, tmp_p
         assert all(r["bytes"] == r["blocks"] * BLOCK * LATENT * LAYERS * 4 for r in rows)
 
 
-# make test: fused once (the relay is the new thing); the others in test-full
-@pytest.mark.parametrize("strategy", cells(["fused", "per_request_blocks", "full_cache", "layerwise", "chunkwise",
-                                            "fused_int8"], {"fused"}))
+@pytest.mark.parametrize("strategy", TP_STRATEGIES)
 def test_a_tp2_decode_engine_takes_the_latent_once_and_relays_it(strategy, results_dir, tmp_path):
     # every decode worker needs the whole latent: worker 0 takes it over the link and relays it to worker 1
-    prompts = write_token_prompts(tmp_path / "p.jsonl", edge_prompts(BLOCK)[:5])
-    run = run_harness(results_dir / f"mla-tp1to2-{strategy}", "model=tiny_mla", f"strategy={strategy}",
-                      "engines.decode={tensor_parallel_size:2}", "workload=jsonl", f"workload.path={prompts}",
-                      "sampling.max_tokens=8")
-    assert run.code == 0, run.stderr[-3000:]
-    s = run.summary
-    assert s["status"] == "ok" and s["digest_failures"] == 0 and s["digest_checked"] >= 4
-    assert strategy == "fused_int8" or s["match_rate"] == 1.0
+    run = tp2_run(results_dir, tmp_path, strategy, "decode")
     (sent,) = worker_records(run, "send", 1)
     first, second = worker_records(run, "receive", 2)
     assert len(sent) == len(first) == len(second) == 5
