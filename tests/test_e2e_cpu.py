@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from harness.offline.engine_pool import POOL
-from harness.records.fields import TIMELINE
+from harness.records.critical_path import TIMELINE
 from harness.records.schema import OVERHEAD_PARTS
 from harness.resolvers import built_in_strategies
 from harness.workload import is_warmup

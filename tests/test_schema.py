@@ -6,7 +6,8 @@ import re
 from pathlib import Path
 
 from harness.offline.rows import disagg_row
-from harness.records.fields import OFFLINE, SERVE, TIMELINE
+from harness.records.critical_path import TIMELINE
+from harness.records.fields import OFFLINE, SERVE
 from harness.records.join import path_parts, ttft_overhead_parts
 from harness.records.schema import (
     HANDOVER_PATH,

@@ -273,6 +273,9 @@ def test_a_stream_that_came_in_bursts_is_flagged_and_counted():
     ("serve.decode_instances=2 transport.address=127.0.0.1:5555", "transport.address is where one prefill worker "
                                                                  "listens: with it runner=serve takes one prefill"),
     ("serve.endpoints.baseline=http://127.0.0.1:9", "needs both a baseline and a disagg URL"),
+    ("serve.pd_policy=sometimes", "serve.pd_policy must be one of always, selective, got 'sometimes'"),
+    ("serve.pd_policy=selective serve.selective.min_uncached_tokens=-8",
+     "serve.selective.min_uncached_tokens must be an integer >= 0, got -8"),
 ])
 @pytest.mark.slow  # in this process (conftest.refused_in_process), which then imports vLLM
 def test_bad_serving_input_is_one_line_and_exit_2_before_anything_starts(tmp_path, override, message):

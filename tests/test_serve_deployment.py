@@ -269,6 +269,42 @@ def assert_no_block_held(d):
 
 
 @pytest.mark.engine
+def test_a_selective_router_sends_short_or_held_prompts_to_the_decode_instance_alone(deployment):
+    """--pd-policy selective in front of the running instances: the router reads each decode
+    instance's block size and cache size from its /metrics; a short prompt (token ids or text, which
+    it tokenizes on the instance) and a prompt it sent there before go to the decode instance alone
+    (X-PD-Route: decode_only, no transfer recorded), the decode instance finding the repeated one
+    in its prefix cache; a long new prompt is disaggregated. Every answer equals the colocated
+    instance's."""
+    d = deployment
+    router = router_process("router-selective", [d[p].url for p in d["prefills"]], [d[n].url for n in d["decodes"]],
+                            d["run_dir"] / "router-selective.log", "--pd-policy", "selective", "--policy",
+                            "prefix_hash", "--min-prompt-tokens", "48", "--min-uncached-tokens", "40").start()
+    try:
+        router.wait_healthy(60)
+        long = [(17 * i) % 500 + 3 for i in range(130)]  # no other test's
+        asks = [("sel-short", [(19 * i) % 500 + 3 for i in range(20)], "decode_only"), ("sel-long", long, "disagg"),
+                ("sel-again", long, "decode_only"), ("sel-text", "The cat sat on the", "decode_only")]
+        hits = {n: d[n].metric("vllm:prefix_cache_hits_total") for n in d["decodes"]}
+        for tid, prompt, route in asks:
+            body = {"model": d["model"], "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0.0,
+                    "ignore_eos": True}
+            r = httpx.post(router.url + "/v1/completions", json=body, timeout=300, headers={"X-Request-Id": tid})
+            base = httpx.post(d["baseline"].url + "/v1/completions", json=body, timeout=300)
+            assert r.status_code == 200 and r.headers["X-PD-Route"] == route, (tid, r.text)
+            assert r.json()["choices"][0]["text"] == base.json()["choices"][0]["text"], tid
+        # the repeated prompt's 4 blocks (of 32 tokens) were in its decode instance's prefix cache
+        assert sum(d[n].metric("vllm:prefix_cache_hits_total") - hits[n] for n in d["decodes"]) >= 128
+        time.sleep(1)  # a record written after the answer
+        recorded = {r["transfer_id"] for p in (*d["prefills"], *d["decodes"])
+                    for r in read_jsonl(d["run_dir"] / f"{p}-transfers.jsonl")}
+        assert "sel-long" in recorded and not recorded & {"sel-short", "sel-again", "sel-text"}
+    finally:
+        router.stop()
+    assert_no_block_held(d)
+
+
+@pytest.mark.engine
 def test_the_prefill_token_streams_first_and_its_duplicate_is_dropped(deployment):
     """--stream-prefill-token: the client's first chunk is the prefill instance's token; the
     whole stream (ids and log-probabilities) equals the colocated instance's; the marks say when

@@ -7,7 +7,8 @@ runner=serve's handover: path_parts). Each runner's row keeps the fields it decl
 
 from __future__ import annotations
 
-from harness.records.fields import CRITICAL_PATH, FIELDS, TIMELINE
+from harness.records.critical_path import CRITICAL_PATH, TIMELINE
+from harness.records.fields import FIELDS
 from harness.records.schema import OVERHEAD_PARTS
 from transfer_strategies.records import ComputeRecord, TransferRecord
 

@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import dataclasses
 
+from harness.records.critical_path import CRITICAL_PATH, HANDOVER_PATH
 from harness.records.fields import (
     BASELINE,
-    CRITICAL_PATH,
     FIELDS,
-    HANDOVER_PATH,
     OFFLINE,
     REQUIRED,
     SERVE,
@@ -34,8 +33,12 @@ from harness.records.fields import (
 #  18: summary.json's kv_geometry (both runners)
 #  19: each row's token sources (sent_tokens, decode_hit_tokens, decode_loaded_tokens, both runners), their sums,
 #      kv_miscounted and its status
-SCHEMA_VERSION = 19
+#  20: serving rows' route (serve.pd_policy=selective: disagg or decode_only), the summary's decode_only_requests,
+#      kv_not_moved and its status
+SCHEMA_VERSION = 20
 UNVERSIONED = 1  # what a row without schema_version is
+# a serving row's route (the P/D router's X-PD-Route): prefill then decode, or the decode instance alone
+DISAGG, DECODE_ONLY = "disagg", "decode_only"
 
 OVERHEAD_PARTS = [f"overhead_{part}_ms" for part, _ in CRITICAL_PATH]
 HANDOVER_PARTS = [f"handover_{part}_ms" for part, _ in HANDOVER_PATH]

@@ -28,7 +28,15 @@ from harness.records.fields import SERVE, Field
 from harness.records.files import read_jsonl
 from harness.records.interference import interference
 from harness.records.provoked import aborted, fault_counts, given
-from harness.records.schema import HANDOVER_PARTS, HANDOVER_PATH, SCHEMA_VERSION, shown_in, summarized
+from harness.records.schema import (
+    DECODE_ONLY,
+    DISAGG,
+    HANDOVER_PARTS,
+    HANDOVER_PATH,
+    SCHEMA_VERSION,
+    shown_in,
+    summarized,
+)
 from harness.records.stats import mean_interval, percentile
 from harness.records.summary import prefix_hits, recompute_counts, statistics
 from harness.records.verdict import judge, unmet
@@ -150,13 +158,25 @@ def probe_stats(rows: list[dict], interval_s: float | None) -> dict | None:
     return out
 
 
+def kv_not_moved(rows: list[dict]) -> list[dict]:
+    """The P/D requests that ended well with no sign of a transfer: neither a send record nor the
+    decode engine's compute record (which every request with a transfer id gets). The router said
+    it disaggregated them (route disagg), so their KV should have moved: a router or connector that
+    quietly sent them to the decode instance alone. Rows without a route (external endpoints)
+    are not judged."""
+    return [r for r in rows if r.get("route") == DISAGG and r["status"] == "ok" and r.get("sent_tokens") is None
+            and r.get("decode_computed_tokens") is None and not r.get("transfer_error")]
+
+
 def serve_summary(run_dir: Path, facts: dict, *, status: str, error: str | None, timings: dict, kv_usage: dict,
                   repeats: int, probe_interval_s: float | None, expect_recompute: bool = False,
-                  max_accuracy_drop: float | None = None, expect: dict | None = None) -> dict:
+                  max_accuracy_drop: float | None = None, expect: dict | None = None,
+                  records_expected: bool = False) -> dict:
     """summary.json from the run directory's rows. facts: what the run was, as the serving runner
     states it (serve.run_facts: run_id, strategy, ..., kv_cache_dtype, coalesced_gap_ms), in the
     order summary.json gives them; the rest: what judging the run needs of its configuration
-    (expect: what its scenario says the run must show, conf/scenario/*.yaml)."""
+    (expect: what its scenario says the run must show, conf/scenario/*.yaml; records_expected: every
+    transfer writes records, so a P/D request without any moved no KV)."""
     disagg = read_jsonl(run_dir / "requests.jsonl")
     base_rows = read_jsonl(run_dir / "baseline.jsonl")
     base = [r for r in base_rows if r["path"] == "baseline"]
@@ -190,6 +210,8 @@ def serve_summary(run_dir: Path, facts: dict, *, status: str, error: str | None,
         "digest_failures", 0)
     out["transfer_errors"] = sum(bool(r["transfer_error"]) for r in kept)
     out.update(recompute_counts(kept))
+    out["decode_only_requests"] = sum(r.get("route") == DECODE_ONLY for r in disagg)
+    out["kv_not_moved"] = len(kv_not_moved(kept)) if records_expected else None
     out["total_bytes"] = sum(r.get("bytes") or 0 for r in kept)
     out.update(prefix_hits(kept))
     out.update({"faults_injected": 0, "faults_caught": 0, "faults_missed": 0,

@@ -105,10 +105,18 @@ def format_serve_summary(s: dict) -> str:
         f"({s.get('mismatches')} differ, {s.get('near_ties', 0)} of them at a near tie); "
         f"the baseline matches itself {f(s.get('baseline_self_match_rate'), '.3f')} "
         f"({s.get('baseline_self_mismatches')} differ); digest failures {s.get('digest_failures')}/"
-        f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}", *handover_lines(s),
+        f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}", *route_lines(s),
+        *handover_lines(s),
         *accuracy_line(s), *interference_lines(s),
         *prefix_hit_lines(s), *scenario_lines(s), *coalesced_lines(s), *probe_lines(s), *repeat_lines(s),
         *([f"aborted by the client at a random time: {s['aborted']}"] if s.get("aborted") else [])])
+
+
+def route_lines(s: dict) -> list[str]:
+    if not s.get("decode_only_requests"):
+        return []
+    return [f"routes (serve.pd_policy=selective): {s['decode_only_requests']} of {s.get('requests')} P/D-path requests "
+            f"to the decode instance alone, no KV moved; the rest disaggregated"]
 
 
 def handover_lines(s: dict) -> list[str]:

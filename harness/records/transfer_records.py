@@ -151,6 +151,9 @@ class TransferStats:
         degrees; expected: every transfer has records (this project's connectors), so a missing
         one is waited for."""
         self.expected = expected
+        # how long a send record that must come is waited for: RECEIVE_WAIT_S until one never came
+        # (the run then fails as kv_not_moved or unjudged; the other requests need not wait as long)
+        self.patience_s = RECEIVE_WAIT_S
         degrees = (tp[0],) * prefill_engines + (tp[1],) * (len(paths) - prefill_engines)
         self.workers = {"send": tp[0], "receive": tp[1]}
         self.readers = [TransferRecordReader(rank_path(p, r)) for p, n in zip(paths, degrees) for r in range(n)]
@@ -209,7 +212,9 @@ class TransferStats:
         2-core machine under TP a decode worker's record once came later than 1 s after its
         request ended, and a prefill worker's record of a one-block prompt 3.4 s after: both
         transfers went unjudged)."""
-        sends = self._take(transfer_id, "send", RECEIVE_WAIT_S if received and self.expected else 1.0)
+        sends = self._take(transfer_id, "send", self.patience_s if received and self.expected else 1.0)
+        if received and self.expected and not sends:
+            self.patience_s = 1.0
         must_come = received and self.expected and any(s.bytes and not s.error for s in sends)
         receives = self._take(transfer_id, "receive", RECEIVE_WAIT_S if must_come else 1.0)
         return (merge_ranks(sends) if sends else None, merge_ranks(receives) if receives else None,

@@ -14,6 +14,9 @@ means one thing whichever runner wrote it. The first rule that holds decides:
     kv_miscounted    a decode engine started a request from more prompt tokens (its prefix-cache
                      hits and the tokens it received) than the prefill sent the KV of: it trusted
                      KV nobody sent (outputs and digests may still match)
+    kv_not_moved     runner=serve: a request the router disaggregated left no sign of a transfer (no
+                     send record, no decode compute record): it went to the decode instance alone
+                     unannounced (serve.pd_policy=selective announces its decode-only requests)
     fault_missed     an injected transport fault went unseen (scenarios)
     kv_leak          KV blocks or transfers still held after every request ended
     requests_failed  a request failed other than by its time limit (runner=serve)
@@ -68,6 +71,9 @@ def judge(counts: dict, *, noise: int, expect_recompute: bool = False, first_tra
     if counts.get("kv_miscounted"):
         return "kv_miscounted", (f"{counts['kv_miscounted']} request(s) started decoding from prompt tokens nobody "
                                  f"sent the KV of (decode_cached_tokens above sent_tokens in the rows)")
+    if counts.get("kv_not_moved"):
+        return "kv_not_moved", (f"{counts['kv_not_moved']} request(s) the router disaggregated left no transfer record "
+                                f"on either side: no KV moved for them (see route and sent_tokens in requests.jsonl)")
     missed, injected = faults
     if missed:
         return "fault_missed", (f"{missed} of {injected} injected transport faults went unseen: neither failed nor "

@@ -12,6 +12,7 @@ from omegaconf import DictConfig
 from harness.serving.load import LoadError, LoadSpec
 from harness.serving.pool import POLICIES
 from harness.serving.schedule import load_spec
+from harness.serving.selective import PD_POLICIES, Selective
 from harness.settings import relays
 from harness.workload import Workload
 
@@ -58,11 +59,28 @@ def check_instances(cfg: DictConfig) -> None:
         if (not isinstance(n, int) or isinstance(n, bool) or n < 1) and not (side == "baseline" and n == "matched"):
             raise LoadError(f"serve.{side}_instances must be a whole number >= 1"
                             f"{' or matched' if side == 'baseline' else ''}, got {n!r}")
+    check_pd_policy(cfg)
     pairs = cfg.serve.prefill_instances * cfg.serve.decode_instances
     if pairs > 1 and cfg.transport.get("address") and not relays(cfg.strategy):
         raise LoadError(f"transport.address is where one prefill worker listens: with it runner=serve takes one "
                         f"prefill and one decode instance, got {cfg.serve.prefill_instances}P"
                         f"{cfg.serve.decode_instances}D")
+
+
+def check_pd_policy(cfg: DictConfig) -> None:
+    """serve.pd_policy and its thresholds (harness/serving/selective.py)."""
+    s = cfg.serve
+    if s.pd_policy not in PD_POLICIES:
+        raise LoadError(f"serve.pd_policy must be one of {', '.join(PD_POLICIES)}, got {s.pd_policy!r}")
+    if s.pd_policy == "always":
+        return
+    try:
+        Selective(s.selective.min_prompt_tokens, s.selective.min_uncached_tokens)
+    except ValueError as e:
+        raise LoadError(f"serve.selective.{e}") from None
+    if s.endpoints.baseline is not None:
+        raise LoadError("serve.pd_policy=selective is the project's router's: endpoints a user brings route "
+                        "requests themselves")
 
 
 def check_endpoints(cfg: DictConfig) -> None:

@@ -105,7 +105,9 @@ class ServingDeployment:
                    "--policy", s.policy, *(["--prefill-policy", s.prefill_policy] if s.prefill_policy else []),
                    "--timeout-s", str(hang_s),
                    *(["--stream-prefill-token"] if s.stream_prefill_token else []),
-                   *(["--corrupt"] if cfg.check.corrupt else [])]
+                   *(["--corrupt"] if cfg.check.corrupt else []),
+                   "--pd-policy", s.pd_policy, "--min-prompt-tokens", str(s.selective.min_prompt_tokens),
+                   "--min-uncached-tokens", str(s.selective.min_uncached_tokens)]
         routers = {"router": "disagg"}
         if self.baseline_names:
             self.servers["baseline_router"] = router_process(

@@ -32,6 +32,7 @@ import numpy as np
 
 from harness.records.serve_summary import TIMED_OUT
 from harness.serving.arrivals import ArrivalError, poisson
+from harness.serving.selective import ROUTE_HEADER
 
 
 class LoadError(ValueError):
@@ -155,6 +156,7 @@ class ClientResult:
     logprobs: list[float] = field(default_factory=list)
     top_ids: list[list[int]] = field(default_factory=list)  # each position's top-k token ids, best first
     transfer_id: str | None = None
+    route: str | None = None  # the project's P/D router's X-PD-Route: disagg or decode_only
     status: str = "ok"  # ok | failed | cancelled (cancel or abort: the client went away)
     error: str | None = None
     fault: str | None = None  # the kind of transport fault the request asked for
@@ -199,7 +201,7 @@ async def _exchange(session: aiohttp.ClientSession, url: str, body: dict, header
     t0 = res.t_origin = time.monotonic()
     try:
         async with session.post(url, json=body, headers=headers) as r:
-            res.transfer_id = r.headers.get("X-Transfer-Id")
+            res.transfer_id, res.route = r.headers.get("X-Transfer-Id"), r.headers.get(ROUTE_HEADER)
             if r.status != 200:
                 res.status, res.error = "failed", f"HTTP {r.status}: {(await r.text())[:300]}"
                 return res

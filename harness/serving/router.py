@@ -19,6 +19,8 @@ is the connectors' business; the router only carries what ties the two requests 
   that server's URL; its workers then write the KV into the decode instance's blocks.
 With several instances per side it picks by round robin, by fewest outstanding requests, or by
 the prompt's first tokens (prefix_hash: a shared prefix meets its prefix cache), each side its own.
+--pd-policy selective sends short or mostly cached prompts to the decode instance alone
+(harness/serving/selective.py); every P/D answer says its route in X-PD-Route (disagg, decode_only).
 Without prefill instances it is a plain load balancer over the others (colocated instances
 behind the same proxy, so that a comparison with P/D pays the same hop).
 A client's X-Request-Id header becomes the transfer id (the connectors' records carry it) and the
@@ -49,7 +51,9 @@ import uuid
 import aiohttp
 from aiohttp import web
 
+from harness.serving.first_token import prefill_token_chunk, sse, without_first_token
 from harness.serving.pool import POLICIES, Pool
+from harness.serving.selective import DECODE_ONLY, DISAGG, PD_POLICIES, ROUTE_HEADER, Selective
 from harness.settings import HANDOFFS
 from transfer_strategies.kv_transfer_params import FAULT_KINDS, push_params
 
@@ -70,44 +74,19 @@ def fault_header(value: str) -> dict:
     return fault
 
 
-def sse(data: dict) -> bytes:
-    return b"data: " + json.dumps(data).encode() + b"\n\n"
-
-
-def prefill_token_chunk(answer: dict) -> dict:
-    """The prefill instance's (whole) answer as the first chunk of a stream."""
-    choice = {**answer["choices"][0], "index": 0, "finish_reason": None, "stop_reason": None}
-    return {"id": answer.get("id"), "object": "text_completion", "created": answer.get("created"),
-            "model": answer.get("model"), "choices": [choice]}
-
-
-def without_first_token(chunk: dict, answer: dict) -> dict | None:
-    """The decode instance's first chunk with tokens, minus the token the prefill's answer has
-    already given the client; None when nothing is left to send. Raises ValueError when the
-    two tokens differ."""
-    c, p = chunk["choices"][0], answer["choices"][0]
-    ids, p_ids = c.get("token_ids"), p.get("token_ids")
-    if ids and p_ids and ids[0] != p_ids[0] or not (ids and p_ids) and not c.get("text", "").startswith(p["text"]):
-        raise ValueError(f"the decode instance's first token ({ids[:1] if ids else c.get('text')!r}) differs from "
-                         f"the prefill instance's ({p_ids[:1] if p_ids else p['text']!r})")
-    if ids:
-        c["token_ids"] = ids[1:]
-    c["text"] = c.get("text", "")[len(p["text"]):]
-    if c.get("logprobs"):
-        c["logprobs"] = {k: (v[1:] if isinstance(v, list) else v) for k, v in c["logprobs"].items()}
-    c.pop("prompt_token_ids", None)  # the prefill's chunk carried them
-    if not c["text"] and not c.get("token_ids") and c.get("finish_reason") is None and not chunk.get("usage"):
-        return None
-    return chunk
+def answer_headers(transfer_id: str, route: str | None) -> dict[str, str]:
+    return {"X-Transfer-Id": transfer_id, **({ROUTE_HEADER: route} if route else {})}
 
 
 class Router:
     def __init__(self, prefill: list[str], decode: list[str], policy: str = "round_robin", handoff: str = "push",
                  decode_submit: str = "early", timeout_s: float = 600.0, stream_prefill_token: bool = False,
-                 corrupt: bool = False, prefill_policy: str | None = None, bootstrap: list[str] | None = None):
+                 corrupt: bool = False, prefill_policy: str | None = None, bootstrap: list[str] | None = None,
+                 selective: Selective | None = None):
         """policy: how each side picks its instance; prefill_policy: the prefill side's instead
         (e.g. prefix_hash for prefill, least_outstanding for decode); bootstrap: each prefill
-        instance's bootstrap server (a bootstrap handoff), in their order."""
+        instance's bootstrap server (a bootstrap handoff), in their order; selective: which
+        requests skip the prefill instance (None: none do; harness/serving/selective.py)."""
         if handoff not in HANDOFFS:
             raise ValueError(f"unknown handoff {handoff!r}: one of {', '.join(HANDOFFS)}")
         if handoff == "bootstrap" and len(bootstrap or []) != len(prefill):
@@ -122,6 +101,7 @@ class Router:
         self.bootstrap = dict(zip(self.prefill.urls, [b.rstrip("/") for b in bootstrap or []])) if prefill else {}
         self.engine_ids: dict[str, str] = {}  # a prefill instance's engine id, from its bootstrap server
         self.stream_prefill_token = stream_prefill_token
+        self.selective = selective if prefill else None
         # the negative control: every decode request asks for its KV damaged (relay: by the observer)
         self.corrupt = corrupt
         # no progress (connecting, or between two reads) for timeout_s: a stream may last longer
@@ -193,6 +173,9 @@ class Router:
         try:
             if self.prefill is None:  # colocated: one instance does both
                 return await self._relay_decode(request, d_url, body, transfer_id)
+            # a request asking for a transport fault has its KV moved, whatever the policy
+            if fault is None and await self._route(d_url, body) == DECODE_ONLY:
+                return await self._relay_decode(request, d_url, body, transfer_id, route=DECODE_ONLY)
             p_url = self.prefill.pick(body)
             try:
                 return await self._disagg(request, body, transfer_id, p_url, d_url, fault)
@@ -201,6 +184,14 @@ class Router:
         finally:
             self.decode.done(d_url)
 
+    async def _route(self, d_url: str, body: dict) -> str:
+        if self.selective is None:
+            return DISAGG
+        try:
+            return await self.selective.route(self.session, d_url, body)
+        except aiohttp.ClientError as e:
+            raise web.HTTPBadGateway(text=f"decode instance {d_url}: {type(e).__name__}: {e}") from None
+
     async def _disagg(self, request: web.Request, body: dict, transfer_id: str, p_url: str, d_url: str,
                       fault: dict | None = None):
         stream = bool(body.get("stream"))
@@ -208,7 +199,7 @@ class Router:
         out = None
         if marks or first:  # a stream of our own, begun now: the prefill's mark or token and the decode's lines go in
             out = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream",
-                                                          "X-Transfer-Id": transfer_id})
+                                                          **answer_headers(transfer_id, DISAGG)})
             await out.prepare(request)
 
         async def prefill_and_tell() -> dict:
@@ -228,7 +219,7 @@ class Router:
             remote = await self._remote(p_url) if self.handoff == "bootstrap" else None
             decode = asyncio.ensure_future(self._relay_decode(
                 request, d_url, self.decode_body(body, transfer_id, answer, remote), transfer_id,
-                out=out, after=prefill if out is not None else None, drop_first=first, marks=marks))
+                out=out, after=prefill if out is not None else None, drop_first=first, marks=marks, route=DISAGG))
             try:
                 # a failed prefill ends the decode request at once (else it would wait, parked, for KV
                 # that never comes, until the connector's timeout)
@@ -254,8 +245,9 @@ class Router:
 
     async def _relay_decode(self, request: web.Request, url: str, body: dict, transfer_id: str,
                             out: web.StreamResponse | None = None, after: asyncio.Future | None = None,
-                            drop_first: bool = False, marks: bool = False):
-        """The decode instance's answer to the client, as it comes. With `out` (a stream the
+                            drop_first: bool = False, marks: bool = False, route: str | None = None):
+        """The decode instance's answer to the client, as it comes, its route in ROUTE_HEADER (none:
+        colocated). With `out` (a stream the
         router began itself), its lines go into it, marked as asked, and the stream ends only
         once `after` (the prefill, writing its mark or token) is done; with drop_first the first
         token's line waits for the prefill's token and loses its duplicate."""
@@ -264,10 +256,10 @@ class Router:
                 if out is None and not body.get("stream"):
                     data = await r.read()
                     return web.Response(body=data, status=r.status, content_type="application/json",
-                                        headers={"X-Transfer-Id": transfer_id})
+                                        headers=answer_headers(transfer_id, route))
                 if out is None:
                     out = web.StreamResponse(status=r.status, headers={"Content-Type": r.headers.get(
-                        "Content-Type", "text/event-stream"), "X-Transfer-Id": transfer_id})
+                        "Content-Type", "text/event-stream"), **answer_headers(transfer_id, route)})
                     await out.prepare(request)
                     async for chunk in r.content.iter_any():
                         await out.write(chunk)
@@ -359,6 +351,11 @@ def argument_parser() -> argparse.ArgumentParser:
                     help="an upstream instance that makes no progress for this long fails the request")
     ap.add_argument("--stream-prefill-token", action="store_true",
                     help="stream the prefill instance's token at once (the decode instance's duplicate is dropped)")
+    ap.add_argument("--pd-policy", choices=PD_POLICIES, default="always", help="selective: a request whose prompt "
+                    "is shorter than --min-prompt-tokens, or whose part the decode instance is not estimated to hold "
+                    "is shorter than --min-uncached-tokens, goes to the decode instance alone (selective.py)")
+    ap.add_argument("--min-prompt-tokens", type=int, default=0, metavar="N")
+    ap.add_argument("--min-uncached-tokens", type=int, default=0, metavar="N")
     ap.add_argument("--corrupt", action="store_true", help="the negative control: every decode instance damages "
                     "the KV it receives, digests must fail (relay: the observer beside NIXL does)")
     return ap
@@ -368,8 +365,10 @@ def main(argv: list[str] | None = None) -> int:
     args = argument_parser().parse_args(argv)
     submit = args.decode_submit or ("after_prefill" if args.handoff == "relay" else "early")
     try:
+        selective = (Selective(args.min_prompt_tokens, args.min_uncached_tokens) if args.pd_policy == "selective"
+                     else None)
         router = Router(args.prefill, args.decode, args.policy, args.handoff, submit, args.timeout_s,
-                        args.stream_prefill_token, args.corrupt, args.prefill_policy, args.bootstrap)
+                        args.stream_prefill_token, args.corrupt, args.prefill_policy, args.bootstrap, selective)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from harness.records.schema import HANDOVER_PATH, ServeRow
 from harness.records.serve_summary import coalesced
 from harness.records.transfer_records import TransferStats
 from harness.serving.load import ClientResult
+from harness.serving.selective import DECODE_ONLY
 from harness.settings import Settings
 from harness.workload import Prompt
 
@@ -42,7 +43,7 @@ def row(settings: Settings, run_id: str, path: str, r: ClientResult, p: Prompt, 
         cmp = compare_outputs(base.token_ids, r.token_ids, base.logprobs, r.logprobs, base.top_ids, r.top_ids)
     send = recv = digest_match = None
     joined = transfer_fields(None, None, None)
-    if stats is not None and r.transfer_id:
+    if stats is not None and r.transfer_id and r.route != DECODE_ONLY:
         # a request the client abandoned may have left before its KV was taken: no receive record to wait for
         send, recv, digest_match = stats.take_transfer(r.transfer_id, received=r.status == "ok")
         joined = transfer_fields(send, recv, digest_match, stats.take(r.transfer_id, "prefill"),
@@ -59,7 +60,7 @@ def row(settings: Settings, run_id: str, path: str, r: ClientResult, p: Prompt, 
         tpot_ms=tpot, e2e_ms=e2e, itl_ms=itl, coalesced=bursts, meets_slo=meets,
         match=cmp.match if cmp else None, first_divergence=cmp.first_divergence if cmp else None,
         max_logprob_diff=cmp.max_logprob_diff if cmp else None, near_tie=cmp.near_tie if cmp else None,
-        transfer_id=r.transfer_id, repeat=repeat,
+        transfer_id=r.transfer_id, route=r.route, repeat=repeat,
         base_ttft_ms=(base.t_first * 1e3 if path.startswith("disagg") and base is not None and base.t_first is not None
                       else None),
         **{f"handover_{part}_ms": parts[part] if parts else None for part, _ in HANDOVER_PATH},
@@ -102,7 +103,7 @@ class RowWriter:
 
     def _loop(self) -> None:
         while (r := self.queue.get()) is not None:
-            if self.stats is not None and r.transfer_id and (r.status == "ok" or r.fault):
+            if self.stats is not None and r.transfer_id and r.route != DECODE_ONLY and (r.status == "ok" or r.fault):
                 deadline = time.monotonic() + self.wait_s
                 while not self.stats.has_both(r.transfer_id) and time.monotonic() < deadline \
                         and not self.abandon.is_set():

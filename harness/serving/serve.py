@@ -43,7 +43,7 @@ from harness.serving.instances import InstanceDied
 from harness.serving.load import LoadError
 from harness.serving.passes import Client, ServePasses
 from harness.serving.schedule import load_spec, probe_schedule, request_schedule
-from harness.settings import Settings, instance_counts
+from harness.settings import Settings, instance_counts, writes_records
 from harness.tracking import track
 from harness.workload import WorkloadError
 
@@ -81,7 +81,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             **({"probes": JsonlWriter(run_dir / "probes.jsonl")} if probes else {})}
     # each engine's workers write a record file each
     stats = None if deployment.external else TransferStats(*deployment.stats_paths, tp=settings.tp,
-                                                           prefill_engines=len(deployment.prefill_names))
+                                                           prefill_engines=len(deployment.prefill_names),
+                                                           expected=writes_records(cfg))
     passes = ServePasses(settings, Client(cfg, spec, deployment, workload, probes), run_id, stats, outs,
                          probe_prompts, timings)
     try:
@@ -124,7 +125,8 @@ def record(cfg: DictConfig, run_dir: Path, facts: dict, status: str, code: int, 
     summary = serve_summary(run_dir, facts, status=status, error=error, timings=timings, kv_usage=kv_usage,
                             repeats=cfg.serve.repeats, probe_interval_s=cfg.serve.probes.interval_s,
                             expect_recompute=bool(cfg.scenario.get("expect_recompute")),
-                            max_accuracy_drop=cfg.check.get("max_accuracy_drop"), expect=scenario.expected(cfg))
+                            max_accuracy_drop=cfg.check.get("max_accuracy_drop"), expect=scenario.expected(cfg),
+                            records_expected=writes_records(cfg) and not facts["external_endpoints"])
     if status == "ok":
         status, code, error = summary["status"], summary["exit_code"], summary["error"]
         if error:

@@ -24,7 +24,7 @@ def config(*overrides: str):
     return cfg
 
 
-def serve_summary_of(rows: list[dict]) -> dict:
+def serve_summary_of(rows: list[dict], records_expected: bool = False) -> dict:
     """serve_summary over these rows (their paths say which file each goes in)."""
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
@@ -34,7 +34,7 @@ def serve_summary_of(rows: list[dict]) -> dict:
                      "slo.ttft_ms=null", "slo.tpot_ms=null")
         return serve_summary(d, run_facts(settle(cfg, "cpu"), "r", external=False), status="ok", error=None, timings={},
                              kv_usage={"prefill": 0.0, "decode": 0.0}, repeats=cfg.serve.repeats,
-                             probe_interval_s=cfg.serve.probes.interval_s)
+                             probe_interval_s=cfg.serve.probes.interval_s, records_expected=records_expected)
 
 
 def serve_rows(n: int = 3) -> list[dict]:
