@@ -6,10 +6,12 @@ real instances: tests/test_serve_deployment.py; runner=serve with it: tests/test
 from __future__ import annotations
 
 import asyncio
+import runpy
 import time
 
 import pytest
 
+from harness.records.files import read_jsonl
 from harness.records.transfer_records import TransferStats
 from harness.serving.load import ClientResult
 from harness.serving.rows import row
@@ -20,6 +22,7 @@ from tests.conftest import FULL, ROOT, run_harness
 from tests.helpers.serving import config, serve_rows, serve_summary_of
 
 TRACE = ROOT / "tests" / "data" / "trace.jsonl"
+selective_report = runpy.run_path(str(ROOT / "scripts" / "selective_report.py"))["main"]
 
 
 def test_a_prefix_is_held_block_by_block_and_only_after_the_blocks_before_it():
@@ -118,3 +121,23 @@ def test_the_serving_runner_judges_decode_only_requests_on_their_outputs(results
     assert all(r["digest_match"] is None and r["sent_tokens"] is None and r["bytes"] is None for r in rows[2:])
     assert s["digest_checked"] == 2 and "2 of 4 P/D-path requests to the decode instance alone" in run.stdout
     assert all(r["route"] is None for r in run.jsonl("baseline.jsonl"))
+    # vLLM counts the decode-only prompts as computed there (or found in its cache), none as received
+    v = s["vllm_prompt_tokens_by_source"]
+    assert s["vllm_received_tokens_agree"] is True and v["local_compute"] + v["local_cache_hit"] >= 40 + 70 - 2
+
+
+SWEEP = ROOT / "results" / "cpu" / "2026-12-07-s43-selective"
+
+
+def test_the_committed_sweeps_report_is_what_the_report_script_writes(tmp_path):
+    """docs/serving.md's tables: scripts/selective_report.py over the committed sweep writes them
+    again, and scripts/make_trace.py writes the trace it ran on again (the same seed, the same
+    requests)."""
+    out = tmp_path / "report"
+    assert selective_report(["--out", str(out), str(SWEEP)]) == 0
+    assert (out / "report.md").read_text() == (SWEEP / "report.md").read_text()
+    assert (out / "report.md").read_text() in (ROOT / "docs" / "serving.md").read_text()
+    make_trace = runpy.run_path(str(ROOT / "scripts" / "make_trace.py"))["make_trace"]
+    trace = make_trace(40, 1.5, 16, 1536, 32, seed=0)
+    assert read_jsonl(SWEEP / "trace.jsonl") == trace  # kept gzipped
+    assert selective_report([str(tmp_path)]) == 2  # nothing there: one line, exit 2

@@ -48,7 +48,7 @@ class Deployed:
     def alive(self) -> bool:
         return bool(process_group.members(self.pid))
 
-    metric = ServerProcess.metric  # reads self.url's /metrics
+    metric, metric_by = ServerProcess.metric, ServerProcess.metric_by  # read self.url's /metrics
 
 
 

@@ -91,3 +91,6 @@ def test_the_serving_runner_replays_a_trace_with_probes_beside_it_twice(results_
     p = s["probes"]
     assert p["requests"] == p["base_requests"] == 8 and p["digest_checked"] == 8 and p["digest_failures"] == 0
     assert p["ttft_ms_p50"] > 0 and s["digest_checked"] == 8 + 8 and "probes (one every 0.1 s" in run.stdout
+    # vLLM's own count of the tokens the decode instance received equals the records' (both passes, probes too)
+    v = s["vllm_prompt_tokens_by_source"]
+    assert s["vllm_received_tokens_agree"] is True and v["external_kv_transfer"] > 0 and "(agree)" in run.stdout

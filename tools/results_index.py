@@ -15,9 +15,9 @@ CHANGELOG.md, TIERS.md) cites a run when it names the run's path or a path above
 (`results/gpu/2026-12-03-s18/ttft-early/`, `gpu/2026-12-03-s18/`, or relative to the document's
 own directory; `*` matches within one path component).
 
-The archived directories (ARCHIVED: removed from the tree, restored from the commit named) and the
-renamed ones (RENAMED) are kept here and checked when the index is written, as are the size
-budgets that keep git lean (tests/test_results_index.py holds the tree to them).
+The archived directories (tools/results_archived.py: removed from the tree, restored from the
+commit named) and the renamed ones (RENAMED, here) are checked when the index is written, as are
+the size budgets that keep git lean (tests/test_results_index.py holds the tree to them).
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ import fnmatch
 import json
 import posixpath
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
 from harness import PROJECT_ROOT
 from tools import results_findings
+from tools.results_archived import ARCHIVED, BEFORE_SLIMMING
 
 DEVICES = ("cpu", "gpu")
 INDEX = Path("results") / "INDEX.md"
@@ -45,37 +45,6 @@ SESSION = re.compile(r"^(\d{4}-\d{2}-\d{2})-s(\d+)(?:-(.+))?$")  # <date>-s<sess
 RUN_BUDGET_BYTES = 256 << 10
 TOTAL_BUDGET_BYTES = 15_000_000
 OVER_BUDGET_ALLOWED: dict[str, str] = {}
-
-# the commit before results/ was slimmed and renamed (issue 27): every removed file is there
-BEFORE_SLIMMING = "18f0b0e919a9177a8fb57e0a96426a0cfc496ab4"
-
-
-@dataclass(frozen=True)
-class Archived:
-    path: str  # relative to results/, at `commit`
-    why: str
-    commit: str = BEFORE_SLIMMING  # a commit that holds it
-
-
-# runs no document or test cites, removed from the tree (git show/checkout brings them back)
-ARCHIVED: list[Archived] = [
-    Archived("cpu/2026-12-01-s10-soak", "session 10's 1,000-request soak of every strategy on CPU (issue 14; code "
-             "b9ee97f): no document but its own README cited it; 3.8 MB, archived in session 27 when results/ "
-             "reached its budget", "b5a0ecd3ebc819747cbd2085b3e5fe2cb3afc387"),
-    Archived("cpu/2026-12-03-s16-engine-reuse", "session 16's sweep with and without engine reuse (issue 24), "
-             "superseded by session 19's (cpu/2026-12-03-s19-engine-reuse); only CHANGELOG.md cited it; 0.38 MB, "
-             "archived in session 39 (over budget)", "6ffff48bddb4e2cb0e4ab6a7b3a087bd82f1075f"),
-    Archived("cpu/2026-12-04-s21-lossy", "session 21's lossy strategies on the CPU, superseded by session 22's "
-             "(cpu/2026-12-04-s22-lossy, the same accuracy columns); only CHANGELOG.md cited it; 0.63 MB, archived in "
-             "session 39 with the one above", "6ffff48bddb4e2cb0e4ab6a7b3a087bd82f1075f"),
-    *(Archived(path, f"{why}; archived in session 41 (over budget)", "ab4285ce4fc58cca8e925ab78b7a7f9aa5a64ead")
-      for path, why in [("cpu/2026-12-06-s32-ab", "session 32's A/B of a refactor; CHANGELOG.md cited it"),
-                        ("cpu/2026-12-04-s21-ab-fused", "session 21's A/B of fused; CHANGELOG.md cited it"),
-                        ("gpu/2026-12-01-s12", "session 12's TP check of the 8B-KV model; uncited"),
-                        ("cpu/2026-12-07-s40-mla", "tiny-mla with 64-dim heads; superseded by s41-mla")]),
-    Archived("gpu/2026-12-05-s25", "session 25's codec kernels in engines, FP8 check wrong (rerun in session 26); "
-             "CHANGELOG.md cited it; archived in session 42", "d8599e28d0cf26c46c9c41b956ce28c7b35379f2"),
-]
 
 # the GPU sessions' old names (until issue 27): records and notes written then still use them
 RENAMED = {f"gpu/session{n}": f"gpu/{d}-s{n}" for n, d in [
@@ -284,9 +253,10 @@ def render(root: Path = PROJECT_ROOT) -> str:
         "",
         "Written by `python scripts/results_index.py` (tools/results_index.py) from the run directories under",
         "`results/cpu` and `results/gpu`; `python scripts/results_index.py --check` (and tests/test_results_index.py)",
-        "fails when this file is not what it writes. Do not edit it by hand: the archived and the renamed",
-        "directories are kept in tools/results_index.py. The headline figures, each read again from its run",
-        "directory's records: [FINDINGS.md](FINDINGS.md) (from [headlines.yaml](headlines.yaml)). What each",
+        "fails when this file is not what it writes. Do not edit it by hand: the archived directories are kept",
+        "in tools/results_archived.py, the renamed ones in tools/results_index.py. The headline figures, each",
+        "read again from its run directory's records: [FINDINGS.md](FINDINGS.md) (from",
+        "[headlines.yaml](headlines.yaml)). What each",
         "file of a run directory holds, and what is kept out of git: [README.md](README.md).",
         "",
         "## Sessions",

@@ -168,15 +168,28 @@ def kv_not_moved(rows: list[dict]) -> list[dict]:
             and r.get("decode_computed_tokens") is None and not r.get("transfer_error")]
 
 
+def vllm_sources(sources: dict | None, rows: list[dict], records_expected: bool) -> dict:
+    """vLLM's own count of the decode instances' prompt tokens by source, and whether the tokens it
+    says came from a transfer are those the connectors' records say the decode engines loaded:
+    compared only where every P/D request and probe ended ok (a cancelled or failed one may leave
+    no compute record while vLLM counted it at admission)."""
+    agree = None
+    if sources and records_expected and rows and all(r["status"] == "ok" for r in rows):
+        agree = round(sources.get("external_kv_transfer", 0)) == sum(r.get("decode_loaded_tokens") or 0 for r in rows)
+    return {"vllm_prompt_tokens_by_source": {k: round(v) for k, v in sources.items()} if sources else None,
+            "vllm_received_tokens_agree": agree}
+
+
 def serve_summary(run_dir: Path, facts: dict, *, status: str, error: str | None, timings: dict, kv_usage: dict,
                   repeats: int, probe_interval_s: float | None, expect_recompute: bool = False,
                   max_accuracy_drop: float | None = None, expect: dict | None = None,
-                  records_expected: bool = False) -> dict:
+                  records_expected: bool = False, vllm_token_sources: dict | None = None) -> dict:
     """summary.json from the run directory's rows. facts: what the run was, as the serving runner
     states it (serve.run_facts: run_id, strategy, ..., kv_cache_dtype, coalesced_gap_ms), in the
     order summary.json gives them; the rest: what judging the run needs of its configuration
     (expect: what its scenario says the run must show, conf/scenario/*.yaml; records_expected: every
-    transfer writes records, so a P/D request without any moved no KV)."""
+    transfer writes records, so a P/D request without any moved no KV; vllm_token_sources: vLLM's own
+    count of the decode instances' prompt tokens by source over the P/D passes)."""
     disagg = read_jsonl(run_dir / "requests.jsonl")
     base_rows = read_jsonl(run_dir / "baseline.jsonl")
     base = [r for r in base_rows if r["path"] == "baseline"]
@@ -212,6 +225,8 @@ def serve_summary(run_dir: Path, facts: dict, *, status: str, error: str | None,
     out.update(recompute_counts(kept))
     out["decode_only_requests"] = sum(r.get("route") == DECODE_ONLY for r in disagg)
     out["kv_not_moved"] = len(kv_not_moved(kept)) if records_expected else None
+    out.update(vllm_sources(vllm_token_sources, disagg + [r for r in read_jsonl(run_dir / "probes.jsonl")
+                                                          if r["path"] == "disagg_probe"], records_expected))
     out["total_bytes"] = sum(r.get("bytes") or 0 for r in kept)
     out.update(prefix_hits(kept))
     out.update({"faults_injected": 0, "faults_caught": 0, "faults_missed": 0,

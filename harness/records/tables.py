@@ -106,6 +106,7 @@ def format_serve_summary(s: dict) -> str:
         f"the baseline matches itself {f(s.get('baseline_self_match_rate'), '.3f')} "
         f"({s.get('baseline_self_mismatches')} differ); digest failures {s.get('digest_failures')}/"
         f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}", *route_lines(s),
+        *source_lines(s),
         *handover_lines(s),
         *accuracy_line(s), *interference_lines(s),
         *prefix_hit_lines(s), *scenario_lines(s), *coalesced_lines(s), *probe_lines(s), *repeat_lines(s),
@@ -117,6 +118,16 @@ def route_lines(s: dict) -> list[str]:
         return []
     return [f"routes (serve.pd_policy=selective): {s['decode_only_requests']} of {s.get('requests')} P/D-path requests "
             f"to the decode instance alone, no KV moved; the rest disaggregated"]
+
+
+def source_lines(s: dict) -> list[str]:
+    v = s.get("vllm_prompt_tokens_by_source")
+    if not v:
+        return []
+    said = {True: "agree", False: "DISAGREE", None: "not compared: a request did not end ok"}
+    return [f"vLLM's count of the decode instances' prompt tokens: computed {v.get('local_compute')}, own prefix "
+            f"cache {v.get('local_cache_hit')}, received {v.get('external_kv_transfer')}; the records say received "
+            f"{s.get('decode_loaded_tokens_sum')} + probes ({said[s.get('vllm_received_tokens_agree')]})"]
 
 
 def handover_lines(s: dict) -> list[str]:

@@ -149,6 +149,23 @@ class ServingDeployment:
             out[name] = usage
         return out
 
+    def token_sources(self) -> dict[str, float]:
+        """vLLM's own count of the decode instances' prompt tokens by where they came from
+        (vllm:prompt_tokens_by_source: local_compute, local_cache_hit, external_kv_transfer),
+        summed over the instances, once two reads 0.2 s apart agree (the counts reach the API
+        server with the steps' stats); empty where vLLM exports none."""
+        last = None
+        for _ in range(25):
+            now: dict[str, float] = {}
+            for name in self.decode_names:
+                for source, v in self.servers[name].metric_by("vllm:prompt_tokens_by_source_total", "source").items():
+                    now[source] = now.get(source, 0.0) + v
+            if now == last:
+                break
+            last = now
+            time.sleep(0.2)
+        return last or {}
+
     def stop(self, grace_s: float) -> None:
         """The routers, then every instance at once: one by one, five instances given grace_s each
         to shut down can take over a minute on the loaded 2-core machine (a Ctrl-C in one make test

@@ -156,6 +156,12 @@ class ServerProcess:
 
     def metric(self, name: str) -> float | None:
         """One Prometheus gauge from /metrics (summed over its label sets), e.g. vllm:kv_cache_usage_perc."""
+        values = self.metric_by(name, None)
+        return sum(values.values()) if values else None
+
+    def metric_by(self, name: str, label: str | None) -> dict[str | None, float]:
+        """One metric's samples from /metrics summed by one label's value (None: all together),
+        e.g. vllm:prompt_tokens_by_source_total by source; empty when the instance exports none."""
         try:
             with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
                 text = r.read().decode()
@@ -163,9 +169,13 @@ class ServerProcess:
             if not self.alive():  # it died after the last request (vLLM's MultiConnector at its stats, once)
                 raise InstanceDied(self.failure_message()) from None
             raise
-        values = [s.value for family in text_string_to_metric_families(text) for s in family.samples
-                  if s.name == name]
-        return sum(values) if values else None
+        out: dict[str | None, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name:
+                    key = sample.labels.get(label) if label else None
+                    out[key] = out.get(key, 0.0) + sample.value
+        return out
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM to the group (vLLM shuts down cleanly), then SIGKILL until none of it is left:

@@ -73,6 +73,8 @@ class ServePasses:
         self.outs, self.probe_prompts, self.timings = outs, probe_prompts, timings
         self.base: dict[int, ClientResult] = {}  # the baseline's first pass, by request
         self.base_probes: dict[int, ClientResult] = {}
+        # vLLM's own count of the decode instances' prompt tokens by source over the P/D passes
+        self.token_sources: dict[str, float] = {}
 
     def warm_up(self) -> None:
         """run.warmup_requests rounds of unmeasured requests through each path first: every
@@ -138,6 +140,8 @@ class ServePasses:
                 if path == "baseline":
                     self.base_probes[r.index] = r
                 probe_writer.put(r)
+        counted = path == "disagg" and not self.client.deployment.external
+        before = self.client.deployment.token_sources() if counted else {}
         t0 = time.monotonic()
         try:
             results = self.client.load(path if not rep else f"{path}-r{rep}", self.client.deployment.urls[target],
@@ -154,5 +158,8 @@ class ServePasses:
             if failed is not None:
                 raise failed
         self.timings[f"{path}_s"] = self.timings.get(f"{path}_s", 0.0) + time.monotonic() - t0
+        if counted:
+            for source, v in self.client.deployment.token_sources().items():
+                self.token_sources[source] = self.token_sources.get(source, 0.0) + v - before.get(source, 0.0)
         if first_baseline:
             self.base = {r.index: r for r in results}

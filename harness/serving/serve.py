@@ -106,7 +106,7 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
             out.close()
     timings["total_s"] = time.monotonic() - t_run
     return record(cfg, run_dir, run_facts(settings, run_id, deployment.external), status, code, error, timings,
-                  kv_usage)
+                  kv_usage, passes.token_sources)
 
 
 def rate(cfg: DictConfig, spec, workload) -> str:
@@ -119,14 +119,15 @@ def rate(cfg: DictConfig, spec, workload) -> str:
 
 
 def record(cfg: DictConfig, run_dir: Path, facts: dict, status: str, code: int, error: str | None, timings: dict,
-           kv_usage: dict) -> int:
+           kv_usage: dict, token_sources: dict | None = None) -> int:
     """summary.json from the rows written (its verdict where the passes all ended), the printed
     summary and the tracker's copy; returns the exit code."""
     summary = serve_summary(run_dir, facts, status=status, error=error, timings=timings, kv_usage=kv_usage,
                             repeats=cfg.serve.repeats, probe_interval_s=cfg.serve.probes.interval_s,
                             expect_recompute=bool(cfg.scenario.get("expect_recompute")),
                             max_accuracy_drop=cfg.check.get("max_accuracy_drop"), expect=scenario.expected(cfg),
-                            records_expected=writes_records(cfg) and not facts["external_endpoints"])
+                            records_expected=writes_records(cfg) and not facts["external_endpoints"],
+                            vllm_token_sources=token_sources)
     if status == "ok":
         status, code, error = summary["status"], summary["exit_code"], summary["error"]
         if error:
