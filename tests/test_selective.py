@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import runpy
-import time
 
 import pytest
 
@@ -72,9 +71,9 @@ def unannounced_row(tmp_path, route: str | None) -> dict:
     stats.patience_s = 0.2  # the first missing record is waited for this long (RECEIVE_WAIT_S in a run)
     r = ClientResult(0, 0, 40, 0.0, 0.0, t_first=0.01, t_done=0.02, token_times=[0.01, 0.02], token_ids=[5, 6],
                      logprobs=[-0.1, -0.2], transfer_id="t0", route=route)
-    t0 = time.monotonic()
     out = row(settle(cfg, "cpu"), "run", "disagg", r, Prompt(0, list(range(40))), r, stats, 1.0)
-    assert time.monotonic() - t0 < 0.2 + 1.0 + 0.5 and stats.patience_s == (1.0 if route == DISAGG else 0.2)
+    # a send record that never came lowers the wait for the next (the run fails as kv_not_moved)
+    assert stats.patience_s == (1.0 if route == DISAGG else 0.2)
     return out
 
 

@@ -294,11 +294,21 @@ def test_a_selective_router_sends_short_or_held_prompts_to_the_decode_instance_a
             assert r.status_code == 200 and r.headers["X-PD-Route"] == route, (tid, r.text)
             assert r.json()["choices"][0]["text"] == base.json()["choices"][0]["text"], tid
         # the repeated prompt's 4 blocks (of 32 tokens) were in its decode instance's prefix cache
-        assert sum(d[n].metric("vllm:prefix_cache_hits_total") - hits[n] for n in d["decodes"]) >= 128
-        time.sleep(1)  # a record written after the answer
-        recorded = {r["transfer_id"] for p in (*d["prefills"], *d["decodes"])
+        def hit() -> float:
+            return sum(d[n].metric("vllm:prefix_cache_hits_total") - hits[n] for n in d["decodes"])
+        for _ in range(50):  # the counts reach the API server with the steps' stats
+            if hit() >= 128:
+                break
+            time.sleep(0.1)
+        assert hit() >= 128
+        def recorded() -> set[str]:
+            return {r["transfer_id"] for p in (*d["prefills"], *d["decodes"])
                     for r in read_jsonl(d["run_dir"] / f"{p}-transfers.jsonl")}
-        assert "sel-long" in recorded and not recorded & {"sel-short", "sel-again", "sel-text"}
+        for _ in range(300):  # a record is written once the KV is sent and checked, maybe after the answer
+            if "sel-long" in recorded():
+                break
+            time.sleep(0.1)
+        assert "sel-long" in recorded() and not recorded() & {"sel-short", "sel-again", "sel-text"}
     finally:
         router.stop()
     assert_no_block_held(d)
