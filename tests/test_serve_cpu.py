@@ -273,6 +273,8 @@ def test_a_stream_that_came_in_bursts_is_flagged_and_counted():
     ("serve.decode_instances=2 transport.address=127.0.0.1:5555", "transport.address is where one prefill worker "
                                                                  "listens: with it runner=serve takes one prefill"),
     ("serve.endpoints.baseline=http://127.0.0.1:9", "needs both a baseline and a disagg URL"),
+    ("run.no_transfer_control=true serve.endpoints.baseline=http://127.0.0.1:9 serve.endpoints.disagg=http://127.0.0.1:9",
+     "run.no_transfer_control sends requests to the decode instances alone through the project's router"),
     ("serve.pd_policy=sometimes", "serve.pd_policy must be one of always, selective, got 'sometimes'"),
     ("serve.pd_policy=selective serve.selective.min_uncached_tokens=-8",
      "serve.selective.min_uncached_tokens must be an integer >= 0, got -8"),

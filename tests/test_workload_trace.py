@@ -53,7 +53,7 @@ def test_the_serving_runner_replays_a_trace_with_probes_beside_it_twice(results_
     path, the p50s' spread between the two runs in the summary."""
     run = run_harness(results_dir / "serve-trace", "runner=serve", "strategy=fused", "workload=trace",
                       f"workload.path={TRACE}", "workload.block_tokens=32", "serve.baseline_repeat=false",
-                      "serve.probes.interval_s=0.1", "serve.repeats=2")
+                      "serve.probes.interval_s=0.1", "serve.repeats=2", "run.no_transfer_control=true")
     assert run.code == 0, run.stderr[-3000:]
     s = run.summary
     assert s["status"] == "ok" and s["requests"] == s["ok"] == 8 and s["match_rate"] == 1.0 and s["repeats"] == 2
@@ -91,6 +91,12 @@ def test_the_serving_runner_replays_a_trace_with_probes_beside_it_twice(results_
     p = s["probes"]
     assert p["requests"] == p["base_requests"] == 8 and p["digest_checked"] == 8 and p["digest_failures"] == 0
     assert p["ttft_ms_p50"] > 0 and s["digest_checked"] == 8 + 8 and "probes (one every 0.1 s" in run.stdout
+    # run.no_transfer_control: the schedule once more, each request to the decode instance alone, its
+    # prefix cache emptied first: every output its own computation, compared with the baseline's
+    control = run.jsonl("control.jsonl")
+    assert sorted(r["request_idx"] for r in control) == [0, 1, 2, 3] and s["control_match_rate"] == 1.0
+    assert all(r["route"] == "decode_only" and r["digest_match"] is None and r["match"] for r in control)
+    assert "the decode instances alone, no transfer, match it 1.000 (0 differ)" in run.stdout
     # vLLM's own count of the tokens the decode instance received equals the records' (both passes, probes too)
     v = s["vllm_prompt_tokens_by_source"]
     assert s["vllm_received_tokens_agree"] is True and v["external_kv_transfer"] > 0 and "(agree)" in run.stdout

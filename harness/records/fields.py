@@ -106,7 +106,10 @@ FIELDS: list[Field] = [
     F("model", "str", "what ran, where (`cpu` or `cuda`)", BOTH),
     F("workload", "str", "what ran, where (`cpu` or `cuda`)", BOTH),
     F("device", "str", "what ran, where (`cpu` or `cuda`)", BOTH),
-    F("path", "str", "`disagg`, `baseline` or `baseline_repeat`; in probes.jsonl `disagg_probe` and `baseline_probe` "
+    F("path", "str", "`disagg`, `baseline` or `baseline_repeat`; in control.jsonl `control` "
+      "(`run.no_transfer_control`: the schedule once more through the P/D router, each request asking for its decode "
+      "instance alone, its prefix cache emptied first; compared with the baseline's first pass, from version 20); in "
+      "probes.jsonl `disagg_probe` and `baseline_probe` "
       "(`serve.probes`: a short request every interval_s beside the load, from version 14; request_idx and prompt_idx "
       "count the probes, request_rate is 1 / interval_s, a P/D probe is compared with the baseline's probe of the "
       "same index)", (SERVE,)),

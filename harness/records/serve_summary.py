@@ -209,6 +209,9 @@ def serve_summary(run_dir: Path, facts: dict, *, status: str, error: str | None,
     out["baseline_self_match_rate"] = (sum(r["match"] for r in self_compared) / len(self_compared)
                                        if self_compared else None)
     out["baseline_self_mismatches"] = sum(not r["match"] for r in self_compared)
+    control = [r for r in read_jsonl(run_dir / "control.jsonl") if r["match"] is not None]
+    out["control_mismatches"] = sum(not r["match"] for r in control) if control else None
+    out["control_match_rate"] = sum(r["match"] for r in control) / len(control) if control else None
     out.update(accuracy_cost(compared, out["match_rate"], out["baseline_self_match_rate"] if repeat else None))
     scores = [r["task_score"] for r in base_rows if r["path"] == "baseline" and r.get("task_score") is not None]
     out["base_task_score"] = sum(scores) / len(scores) if scores else None

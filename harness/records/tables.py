@@ -104,7 +104,10 @@ def format_serve_summary(s: dict) -> str:
         f"outputs: P/D matches the baseline {f(s.get('match_rate'), '.3f')} "
         f"({s.get('mismatches')} differ, {s.get('near_ties', 0)} of them at a near tie); "
         f"the baseline matches itself {f(s.get('baseline_self_match_rate'), '.3f')} "
-        f"({s.get('baseline_self_mismatches')} differ); digest failures {s.get('digest_failures')}/"
+        f"({s.get('baseline_self_mismatches')} differ)"
+        + (f"; the decode instances alone, no transfer, match it {f(s['control_match_rate'], '.3f')} "
+           f"({s['control_mismatches']} differ)" if s.get("control_match_rate") is not None else "")
+        + f"; digest failures {s.get('digest_failures')}/"
         f"{s.get('digest_checked')}; KV usage at the end {s.get('kv_cache_usage_at_end')}", *route_lines(s),
         *source_lines(s),
         *handover_lines(s),

@@ -42,6 +42,9 @@ def check_serve_inputs(cfg: DictConfig) -> None:
         raise LoadError(f"serve.coalesced_gap_ms must be a number > 0, got {gap!r}")
     check_instances(cfg)
     ends = cfg.serve.endpoints
+    if cfg.run.get("no_transfer_control") and ends.baseline is not None:
+        raise LoadError("run.no_transfer_control sends requests to the decode instances alone through the project's "
+                        "router: not with serve.endpoints (a router of your own)")
     if (ends.baseline is None) != (ends.disagg is None):
         raise LoadError("serve.endpoints needs both a baseline and a disagg URL (or neither: the harness "
                         "starts its own instances)")

@@ -6,7 +6,9 @@ front of the prefill and decode instances (harness/serving/router.py)."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -74,6 +76,8 @@ class ServingDeployment:
                 role = name.rstrip("0123456789")
                 gpu = first_gpu(settings, role, i)
                 env = engine_env(settings.cfg, device, gpu if device != "cuda" else gpu % gpu_count())
+                if role == "decode" and cfg.run.get("no_transfer_control"):
+                    env["VLLM_SERVER_DEV_MODE"] = "1"  # its /reset_prefix_cache, before the control pass
                 if name in kv:
                     env.update(connector_env(settings, role))
                     if "engine_id" in kv[name]:  # each prefill instance its own (the router asks its bootstrap server)
@@ -148,6 +152,22 @@ class ServingDeployment:
                 time.sleep(0.1)
             out[name] = usage
         return out
+
+    def reset_decode_caches(self, timeout_s: float = 30.0) -> None:
+        """Empties each decode instance's prefix cache (vLLM's /reset_prefix_cache, a dev-mode
+        endpoint), so that the no-transfer control computes every prompt itself rather than
+        finding the KV the P/D pass moved there. vLLM refuses while blocks are held (the last
+        requests' are freed by the engine's next steps): asked again until timeout_s."""
+        for name in self.decode_names:
+            url = self.servers[name].url + "/reset_prefix_cache"
+            deadline = time.monotonic() + timeout_s
+            while True:
+                with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=10) as r:
+                    if json.loads(r.read() or b"{}").get("success", True):
+                        break
+                if time.monotonic() > deadline:
+                    raise InstanceDied(f"{name} would not empty its prefix cache within {timeout_s:.0f} s")
+                time.sleep(0.2)
 
     def token_sources(self) -> dict[str, float]:
         """vLLM's own count of the decode instances' prompt tokens by where they came from

@@ -106,6 +106,7 @@ class ScheduledRequest:
     fault: dict | None = None  # a scenario's transport fault for its transfer (harness/scenario.py fault_for)
     abort_after_s: float | None = None  # a scenario's abort: the client goes away this long after sending
     max_tokens: int | None = None  # its own output length (a trace's); None: send_all's
+    route: str | None = None  # the route it asks the project's router for (X-PD-Route: decode_only, the control)
 
 
 def arrival_schedule(spec: LoadSpec, prompts: list[list[int]]) -> list[ScheduledRequest]:
@@ -184,6 +185,8 @@ async def send_one(session: aiohttp.ClientSession, url: str, model: str, req: Sc
     headers = {"X-Request-Id": request_id, "X-Router-Marks": "1"}  # marks: the project's router's, on P/D
     if req.fault:
         headers["X-KV-Fault"] = json.dumps(req.fault)
+    if req.route:
+        headers[ROUTE_HEADER] = req.route
     exchange = asyncio.ensure_future(_exchange(session, url + "/v1/completions", body, headers, req, max_tokens, res))
     done, _ = await asyncio.wait({exchange}, timeout=req.abort_after_s)
     if not done:  # leaving the request's context closes the connection: the router aborts upstream

@@ -6,6 +6,7 @@ first pass; every request's row written as it ends (rows.py)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 import time
 import uuid
@@ -19,6 +20,7 @@ from harness.serving.instances import InstanceDied
 from harness.serving.load import ClientResult, LoadSpec, ScheduledRequest, send_all
 from harness.serving.rows import RowWriter, row
 from harness.serving.schedule import scenario_schedule
+from harness.serving.selective import DECODE_ONLY
 from harness.settings import Settings, instance_counts
 from harness.workload import Prompt, Workload, warmup_workload
 
@@ -109,19 +111,24 @@ class ServePasses:
 
     def all(self, schedule: list[ScheduledRequest]) -> None:
         """serve.repeats passes of the schedule on each path, interleaved; the baseline's second pass
-        once; probes beside the first passes only."""
+        once; probes beside the first passes only. run.no_transfer_control: after the first P/D
+        pass, the same schedule through the P/D router once more, each request asking for its
+        decode instance alone, whose prefix cache is emptied first (control.jsonl)."""
         for rep in range(self.cfg.serve.repeats):
             self.one("baseline", "baseline", rep, schedule)
             if self.cfg.serve.baseline_repeat and not rep:
                 self.one("baseline_repeat", "baseline", rep, schedule)
             self.one("disagg", "disagg", rep, schedule)
+            if self.cfg.run.get("no_transfer_control") and not rep:
+                self.client.deployment.reset_decode_caches()
+                self.one("control", "disagg", rep, [dataclasses.replace(r, route=DECODE_ONLY) for r in schedule])
 
     def one(self, path: str, target: str, rep: int, schedule: list[ScheduledRequest]) -> None:
         cfg, workload = self.cfg, self.client.workload
         stats = self.stats if path == "disagg" else None
         first_baseline = path == "baseline" and not rep
         base = self.base  # the baseline's first pass (empty while it runs: what it is compared with is itself)
-        writer = RowWriter(self.outs["disagg" if path == "disagg" else "baseline"], lambda r: row(
+        writer = RowWriter(self.outs[path if path in ("disagg", "control") else "baseline"], lambda r: row(
             self.settings, self.run_id, path, r, workload.prompts[r.prompt_idx],
             None if first_baseline else base.get(r.index), stats, self.client.spec.rate_at(r.index), rep), stats)
 
@@ -130,7 +137,7 @@ class ServePasses:
                 workload.answered(workload.prompts[r.prompt_idx], r.token_ids)
             writer.put(r)
         probe_writer = on_probe = None
-        if "probes" in self.outs and path != "baseline_repeat" and not rep:  # P/D probes against the baseline's
+        if "probes" in self.outs and path in ("baseline", "disagg") and not rep:  # P/D probes against the baseline's
             probe_writer = RowWriter(self.outs["probes"], lambda r: row(
                 self.settings, self.run_id, f"{path}_probe", r, self.probe_prompts[r.prompt_idx],
                 self.base_probes.get(r.index) if path == "disagg" else None, stats,

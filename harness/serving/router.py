@@ -20,7 +20,8 @@ is the connectors' business; the router only carries what ties the two requests 
 With several instances per side it picks by round robin, by fewest outstanding requests, or by
 the prompt's first tokens (prefix_hash: a shared prefix meets its prefix cache), each side its own.
 --pd-policy selective sends short or mostly cached prompts to the decode instance alone
-(harness/serving/selective.py); every P/D answer says its route in X-PD-Route (disagg, decode_only).
+(harness/serving/selective.py); every P/D answer says its route in X-PD-Route (disagg, decode_only),
+and a client may ask for one with the same header (the harness's no-transfer control: decode_only).
 Without prefill instances it is a plain load balancer over the others (colocated instances
 behind the same proxy, so that a comparison with P/D pays the same hop).
 A client's X-Request-Id header becomes the transfer id (the connectors' records carry it) and the
@@ -174,7 +175,7 @@ class Router:
             if self.prefill is None:  # colocated: one instance does both
                 return await self._relay_decode(request, d_url, body, transfer_id)
             # a request asking for a transport fault has its KV moved, whatever the policy
-            if fault is None and await self._route(d_url, body) == DECODE_ONLY:
+            if fault is None and await self._route(d_url, body, request.headers.get(ROUTE_HEADER)) == DECODE_ONLY:
                 return await self._relay_decode(request, d_url, body, transfer_id, route=DECODE_ONLY)
             p_url = self.prefill.pick(body)
             try:
@@ -184,7 +185,12 @@ class Router:
         finally:
             self.decode.done(d_url)
 
-    async def _route(self, d_url: str, body: dict) -> str:
+    async def _route(self, d_url: str, body: dict, asked: str | None) -> str:
+        """The client's X-PD-Route where it asks for one (the harness's no-transfer control), else the policy's."""
+        if asked is not None:
+            if asked not in (DISAGG, DECODE_ONLY):
+                raise web.HTTPBadRequest(text=f"{ROUTE_HEADER} must be {DISAGG} or {DECODE_ONLY}, got {asked[:100]!r}")
+            return asked
         if self.selective is None:
             return DISAGG
         try:

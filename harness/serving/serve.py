@@ -78,7 +78,8 @@ def run(cfg: DictConfig, run_dir: Path) -> int:
     timings: dict = {}
     kv_usage = {}
     outs = {"baseline": JsonlWriter(run_dir / "baseline.jsonl"), "disagg": JsonlWriter(run_dir / "requests.jsonl"),
-            **({"probes": JsonlWriter(run_dir / "probes.jsonl")} if probes else {})}
+            **({"probes": JsonlWriter(run_dir / "probes.jsonl")} if probes else {}),
+            **({"control": JsonlWriter(run_dir / "control.jsonl")} if cfg.run.get("no_transfer_control") else {})}
     # each engine's workers write a record file each
     stats = None if deployment.external else TransferStats(*deployment.stats_paths, tp=settings.tp,
                                                            prefill_engines=len(deployment.prefill_names),
