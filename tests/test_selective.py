@@ -11,10 +11,11 @@ import runpy
 import pytest
 
 from harness.records.files import read_jsonl
+from harness.records.schema import DECODE_ONLY, DISAGG
 from harness.records.transfer_records import TransferStats
 from harness.serving.load import ClientResult
 from harness.serving.rows import row
-from harness.serving.selective import DECODE_ONLY, DISAGG, PrefixTable, Selective
+from harness.serving.selective import PrefixTable, Selective
 from harness.settings import settle
 from harness.workload import Prompt
 from tests.conftest import FULL, ROOT, run_harness

@@ -14,13 +14,13 @@ import uuid
 from omegaconf import DictConfig
 
 from harness.records.files import JsonlWriter
+from harness.records.schema import DECODE_ONLY
 from harness.records.transfer_records import TransferStats
 from harness.serving.deployment import ServingDeployment
 from harness.serving.instances import InstanceDied
 from harness.serving.load import ClientResult, LoadSpec, ScheduledRequest, send_all
 from harness.serving.rows import RowWriter, row
 from harness.serving.schedule import scenario_schedule
-from harness.serving.selective import DECODE_ONLY
 from harness.settings import Settings, instance_counts
 from harness.workload import Prompt, Workload, warmup_workload
 

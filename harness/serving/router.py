@@ -52,9 +52,10 @@ import uuid
 import aiohttp
 from aiohttp import web
 
+from harness.records.schema import DECODE_ONLY, DISAGG
 from harness.serving.first_token import prefill_token_chunk, sse, without_first_token
 from harness.serving.pool import POLICIES, Pool
-from harness.serving.selective import DECODE_ONLY, DISAGG, PD_POLICIES, ROUTE_HEADER, Selective
+from harness.serving.selective import PD_POLICIES, ROUTE_HEADER, Selective
 from harness.settings import HANDOFFS
 from transfer_strategies.kv_transfer_params import FAULT_KINDS, push_params
 

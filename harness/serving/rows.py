@@ -13,11 +13,10 @@ from harness.records.accuracy import task_score
 from harness.records.compare import compare_outputs
 from harness.records.files import JsonlWriter
 from harness.records.join import kv_gated, path_parts, record_stamps, transfer_fields
-from harness.records.schema import HANDOVER_PATH, ServeRow
+from harness.records.schema import DECODE_ONLY, HANDOVER_PATH, ServeRow
 from harness.records.serve_summary import coalesced
 from harness.records.transfer_records import TransferStats
 from harness.serving.load import ClientResult
-from harness.serving.selective import DECODE_ONLY
 from harness.settings import Settings
 from harness.workload import Prompt
 
